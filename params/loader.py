@@ -1,0 +1,139 @@
+"""Load and validate profiles and the pinned image list, with one-line errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from params.models import Profile
+
+__all__ = ["ProfileError", "load_profile", "profile_path", "list_profiles", "load_images", "ImageRef",
+           "format_validation_error", "PROFILES_DIR", "IMAGES_FILE"]
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+IMAGES_FILE = Path(__file__).resolve().parent.parent / "images" / "engines.yaml"
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class ProfileError(Exception):
+    """A profile or image list is invalid; the message is one line naming file and field."""
+
+
+def list_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def profile_path(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise ProfileError(f"{p}: no such profile file")
+        return p
+    cand = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not cand.is_file():
+        raise ProfileError(f"{name_or_path}: no such profile (known: {', '.join(list_profiles())})")
+    return cand
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    """Pydantic's errors as ``file: a.b.c: expected int, got 'sixteen'`` joined by '; '."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        typ = e["type"]
+        if typ == "extra_forbidden":
+            msg = "unknown key (check the spelling against params/models.py)"
+        elif typ == "missing":
+            msg = "required key is missing"
+        elif typ.endswith("_type") or typ.endswith("_parsing"):
+            want = typ.split("_")[0]
+            want = {"string": "str", "dict": "mapping", "list": "list", "bool": "bool"}.get(want, want)
+            msg = f"expected {want}, got {_short(e.get('input'))}"
+        elif typ == "literal_error":
+            msg = f"{e['msg'].lower()}, got {_short(e.get('input'))}"
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return f"{source}: " + "; ".join(parts)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ProfileError(f"{path}:{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def load_profile(name_or_path: str | Path, images: dict[str, "ImageRef"] | None = None) -> Profile:
+    """Validate a profile (by name or path) and the images it names; raise ProfileError."""
+    path = profile_path(name_or_path)
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(format_validation_error(str(path), exc)) from None
+    images = load_images() if images is None else images
+    refs = [("step_image", profile.step_image)] + [
+        (f"engines.{n}.image", e.image) for n, e in profile.engines.items()]
+    for field, key in refs:
+        if key not in images:
+            raise ProfileError(f"{path}: {field}: image {key!r} is not pinned in {IMAGES_FILE.name} "
+                               f"(known: {', '.join(sorted(images))})")
+    for n, e in profile.engines.items():
+        if e.longctx_fix and e.longctx_fix not in images[e.image].fixes:
+            pass  # not an error: Gate 5 refuses the blocked rungs and says which fix is missing
+    return profile
+
+
+class ImageRef(BaseModel):
+    """An image pinned by its linux/amd64 manifest digest, and the internal tag it syncs to."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    repository: str
+    tag: str
+    digest: str = Field(description="linux/amd64 manifest digest, sha256:<64 hex>")
+    internal: str = Field(description="internal registry repository:tag the digest is synced to")
+    engine: str | None = None
+    version: str | None = None
+    fixes: list[str] = []
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        if not _DIGEST.match(v):
+            raise ValueError(f"expected a sha256:<64 hex> manifest digest, got {v!r}; pin the image by digest")
+        return v
+
+    @property
+    def ref(self) -> str:
+        """What pods pull: the internal copy, by digest."""
+        return f"{self.internal.rsplit(':', 1)[0]}@{self.digest}"
+
+
+def load_images(path: Path = IMAGES_FILE) -> dict[str, ImageRef]:
+    data = _read_yaml(path)
+    if not isinstance(data, dict) or not isinstance(data.get("images"), dict):
+        raise ProfileError(f"{path}: expected a mapping with key 'images'")
+    out = {}
+    for key, spec in data["images"].items():
+        try:
+            out[key] = ImageRef.model_validate(spec)
+        except ValidationError as exc:
+            raise ProfileError(format_validation_error(f"{path}: images.{key}", exc)
+                               .replace(f"{path}: images.{key}: ", f"{path}: images.{key}.")) from None
+    return out

@@ -1,0 +1,308 @@
+"""Typed profile models: one profile per model x hardware.
+
+Every model forbids unknown keys and is strict about types, so a typo or a
+string where a number belongs is caught by ``gauntlet lint`` before anything is
+submitted. Expectations whose public value is not known are ``null`` and are
+reported as unknown by the gates, never silently passed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "Profile",
+    "Hardware",
+    "Node",
+    "ModelSpec",
+    "Architecture",
+    "EngineSpec",
+    "EngineArgs",
+    "Speculative",
+    "BenchSpec",
+    "BenchCase",
+    "LongContextSpec",
+    "Rung",
+    "Variant",
+    "SmokeSpec",
+    "ArithmeticProbe",
+    "ENGINE_NAMES",
+]
+
+ENGINE_NAMES = ("sglang", "vllm")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Node(Strict):
+    name: str = Field(description="Kubernetes node name (kubernetes.io/hostname)")
+    rdma_ifname: str | None = Field(None, description="netdev carrying RDMA/NCCL traffic on this node")
+
+
+class NetworkSpec(Strict):
+    socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; null: detect")
+    rdma_required: bool = True
+    mtu: int | None = None
+    probe_sizes_bytes: list[int] = [1 << 20, 16 << 20, 256 << 20, 1 << 30]
+    allreduce_busbw_gbps_min_intra: float | None = None
+    allreduce_busbw_gbps_min_inter: float | None = None
+    alltoall_busbw_gbps_min_intra: float | None = None
+    alltoall_busbw_gbps_min_inter: float | None = None
+
+
+class StorageSpec(Strict):
+    fs_type: str = "xfs"
+    device_kind: Literal["nvme", "any"] = "nvme"
+
+
+class GpuProbeSpec(Strict):
+    copy_tbps_min: float | None = None
+    bf16_tflops_min: float | None = None
+    copy_bytes: int = 4 << 30
+    matmul_n: int = 8192
+
+
+class Hardware(Strict):
+    kind: Literal["kubernetes", "local"]
+    node_pool: str
+    nodes: list[Node] = []
+    gpus_per_node: int = 0
+    gpu_model: str | None = Field(None, description="substring of nvidia-smi's name, e.g. 'H20'")
+    gpu_memory_mib_min: int | None = None
+    gpu_arch: Literal["hopper", "blackwell", "ampere", "cpu"] = "cpu"
+    driver_min: str | None = None
+    cuda_min: str | None = None
+    gpu_probe: GpuProbeSpec = GpuProbeSpec()
+    network: NetworkSpec = NetworkSpec()
+    storage: StorageSpec = StorageSpec()
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * max(1, len(self.nodes))
+
+
+class MoESpec(Strict):
+    n_routed_experts: int | None = None
+    n_shared_experts: int | None = None
+    num_experts_per_tok: int | None = None
+
+
+class QuantSpec(Strict):
+    quant_method: str | None = None
+    fmt: str | None = Field(None, description="quantization_config.format, e.g. 'mxfp4'")
+    weight_dtypes: list[str] = Field([], description="dtypes expected among packed expert weights, e.g. U8")
+    scale_dtypes: list[str] = Field([], description="dtypes expected among their scales, e.g. U8 (E8M0)")
+    packed_tensor_suffixes: list[str] = ["weight_packed", "blocks"]
+    scale_tensor_suffixes: list[str] = ["weight_scale", "scales"]
+
+
+class Architecture(Strict):
+    """What config.json must say. null: unknown, reported as such."""
+
+    architectures: list[str] | None = None
+    model_type: str | None = None
+    num_hidden_layers: int | None = None
+    layer_kinds: dict[str, int] | None = Field(
+        None, description="per-layer attention kind counts, e.g. {kda: 45, mla: 15}")
+    max_position_embeddings: int | None = None
+    moe: MoESpec = MoESpec()
+    quantization: QuantSpec = QuantSpec()
+    config_prefixes: list[str] = Field(
+        ["", "text_config."], description="where in config.json to look for the fields (multimodal nesting)")
+
+
+class ModelSpec(Strict):
+    id: str
+    served_name: str
+    revision: str | None = None
+    source_path: str | None = Field(None, description="CFS copy: only prewarm reads it")
+    host_cache_path: str = Field(description="node NVMe cache (hostPath)")
+    mount_path: str = Field(description="where the cache is mounted read-only in pods")
+    marker: str = ".aik8s-complete"
+    shards: int | None = None
+    weight_bytes: int | None = None
+    tokenizer_files: list[str] = ["tokenizer_config.json"]
+    processor_files: list[str] = []
+    chat_template_required: bool = True
+    modalities: list[Literal["text", "image", "video", "audio"]] = ["text"]
+    reasoning: bool = False
+    architecture: Architecture = Architecture()
+    prepare: str | None = Field(None, description="local: `gauntlet model prepare` recipe name")
+
+    @property
+    def multimodal(self) -> bool:
+        return "image" in self.modalities
+
+
+class Speculative(Strict):
+    method: str
+    num_speculative_tokens: int
+    draft_model: str | None = None
+    prompt_lookup_max: int | None = None
+
+
+class EngineArgs(Strict):
+    """Engine-neutral launch options; each engine adapter maps them to its flags."""
+
+    tp_size: int = 1
+    ep_size: int | None = None
+    dp_size: int | None = None
+    context_length: int
+    max_running_requests: int | None = None
+    mem_fraction: float | None = None
+    moe_runner_backend: str | None = None
+    attention_backend: str | None = None
+    kv_cache_dtype: str = "auto"
+    enable_symm_mem: bool = False
+    prefix_cache: bool = False
+    hicache: bool = False
+    speculative: Speculative | None = None
+    disable_custom_all_reduce: bool = False
+    flashinfer_autotune: bool = True
+    trust_remote_code: bool = False
+    dtype: str | None = None
+    extra: dict[str, str | int | float | bool] = Field({}, description="engine-specific flags, name -> value")
+
+
+class EngineSpec(Strict):
+    role: Literal["baseline", "experimental"]
+    image: str = Field(description="key into images/engines.yaml (pinned by digest)")
+    port: int = 8000
+    args: EngineArgs
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    env: dict[str, str] = {}
+    startup_timeout_s: int = 3600
+    ready_timeout_s: int = 3600
+    shm_size_gib: int = 64
+    longctx_blocked_from_tokens: int | None = Field(
+        None, description="rungs at or above this are refused unless the image lists `longctx_fix`")
+    longctx_fix: str | None = Field(None, description="fix name the image must list in engines.yaml `fixes`")
+
+
+class BenchCase(Strict):
+    name: str
+    input_len: int
+    output_len: int
+    concurrency: int
+    num_prompts: int | None = None
+    requires_stable: str | None = Field(None, description="run only when this case was stable (C32 after C16)")
+    headroom_min: float | None = Field(None, description="min free memory fraction left after requires_stable")
+
+
+class BenchSpec(Strict):
+    client: Literal["vllm-bench-serve"] = "vllm-bench-serve"
+    dataset: Literal["random"] = "random"
+    seed: int = 42
+    warmup_prompts: int = 8
+    rounds: int = 3
+    prompts_per_concurrency: int = 4
+    spread_max_rel: float = Field(0.1, description="(max-min)/median of output throughput for a stable case")
+    cases: list[BenchCase]
+
+    @field_validator("rounds")
+    @classmethod
+    def _three_or_more(cls, v: int) -> int:
+        if v < 3:
+            raise ValueError("the plan measures at least 3 rounds after warmup; set rounds >= 3")
+        return v
+
+
+class Rung(Strict):
+    tokens: int
+    probe: bool = False
+    requires_all_lower: bool = False
+    expect: Literal["pass", "fail", "refused"] = "pass"
+
+
+class LongContextSpec(Strict):
+    ladder: list[Rung]
+    needle_depths: list[float] = [0.1, 0.5, 0.9]
+    max_tokens: int = 32
+    timeout_s: int = 1800
+
+
+class Variant(Strict):
+    name: str
+    description: str = ""
+    engine: Literal["sglang", "vllm"] | None = None
+    change: dict[str, Any] = Field(description="one dotted EngineArgs path -> new value, e.g. {prefix_cache: true}")
+    reusable_prefix: bool = False
+
+    @field_validator("change")
+    @classmethod
+    def _one_change(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if len(v) != 1:
+            raise ValueError(f"a variant changes exactly one variable, got {len(v)}: {sorted(v)}")
+        return v
+
+
+class ArithmeticProbe(Strict):
+    prompt: str
+    expected: float
+
+
+class SmokeSpec(Strict):
+    arithmetic: list[ArithmeticProbe]
+    tool_choice: Literal["named", "auto"] = "auto"
+    image_probe: bool = True
+    max_tokens: int = 64
+    request_timeout_s: float = 300.0
+
+
+class Profile(Strict):
+    name: str
+    description: str = ""
+    namespace: str = "gauntlet"
+    service_account: str = "gauntlet"
+    step_image: str = Field("steps", description="key into images/engines.yaml for the step image")
+    hardware: Hardware
+    model: ModelSpec
+    engines: dict[Literal["sglang", "vllm"], EngineSpec]
+    smoke: SmokeSpec
+    bench: BenchSpec
+    longctx: LongContextSpec
+    experiments: list[Variant] = []
+    nightly_schedule: str = "0 2 * * *"
+    timezone: str = "Asia/Shanghai"
+    active_deadline_s: int = 6 * 3600
+    results_uri: str = Field("results", description="pyarrow filesystem URI or local path of the results store")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Profile":
+        errors: list[str] = []
+        if self.hardware.gpu_arch == "hopper":
+            for name, eng in self.engines.items():
+                if eng.args.kv_cache_dtype.lower().startswith("fp8"):
+                    errors.append(
+                        f"engines.{name}.args.kv_cache_dtype: FP8 KV cache is refused on Hopper "
+                        f"(got {eng.args.kv_cache_dtype!r}); use 'bf16' or 'auto'")
+        baselines = [n for n, e in self.engines.items() if e.role == "baseline"]
+        if len(baselines) != 1:
+            errors.append(f"engines: exactly one engine must have role 'baseline', got {baselines}")
+        names = [c.name for c in self.bench.cases]
+        for c in self.bench.cases:
+            if c.requires_stable is not None and c.requires_stable not in names:
+                errors.append(f"bench.cases.{c.name}.requires_stable: no case named {c.requires_stable!r}")
+        for v in self.experiments:
+            key = next(iter(v.change))
+            if key.split(".")[0] not in EngineArgs.model_fields:
+                errors.append(f"experiments.{v.name}.change: {key!r} is not an engine arg "
+                              f"(one of {sorted(EngineArgs.model_fields)})")
+        if self.hardware.kind == "kubernetes" and not self.hardware.nodes:
+            errors.append("hardware.nodes: a kubernetes profile lists its nodes")
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    @property
+    def baseline_engine(self) -> str:
+        return next(n for n, e in self.engines.items() if e.role == "baseline")
+
+    def engine_order(self) -> list[str]:
+        """Baseline first, then experimental engines."""
+        return sorted(self.engines, key=lambda n: (self.engines[n].role != "baseline", n))

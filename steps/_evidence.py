@@ -1,0 +1,140 @@
+"""The evidence contract every step follows (DESIGN.md).
+
+A step builds a list of :class:`Check` results, the step runner wraps them in a
+:class:`Verdict` and writes ``<out>/verdict.json``. Exit codes: 0 pass/skip,
+1 failed verdict, 2 bad profile/arguments, 75 transient infrastructure error
+(the only code Argo's retryStrategy retries).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "Check",
+    "Verdict",
+    "Status",
+    "UsageError",
+    "TransientError",
+    "EXIT_PASS",
+    "EXIT_FAIL",
+    "EXIT_USAGE",
+    "EXIT_TRANSIENT",
+    "overall_status",
+    "exit_code_for",
+    "write_json_atomic",
+    "now_iso",
+]
+
+Status = Literal["pass", "fail", "skip", "error"]
+STATUSES = ("pass", "fail", "skip", "error")
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_TRANSIENT = 75
+
+
+class UsageError(Exception):
+    """Bad profile or arguments: exit 2 with one line, no traceback."""
+
+
+class TransientError(Exception):
+    """Infrastructure hiccup worth a retry: exit 75."""
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Check:
+    """One judged fact: what was expected, what was seen, and what to do about it."""
+
+    name: str
+    status: Status
+    expected: Any = None
+    observed: Any = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"check {self.name}: status {self.status!r} not in {STATUSES}")
+
+    @classmethod
+    def compare(cls, name: str, expected: Any, observed: Any, detail: str = "") -> "Check":
+        """Pass when observed == expected; the detail says both when not."""
+        ok = expected == observed
+        if not detail:
+            detail = "as expected" if ok else f"expected {expected!r}, observed {observed!r}"
+        return cls(name, "pass" if ok else "fail", expected, observed, detail)
+
+
+def overall_status(checks: list[Check]) -> Status:
+    """error beats fail beats pass beats skip; no checks at all is an error."""
+    if not checks:
+        return "error"
+    seen = {c.status for c in checks}
+    for s in ("error", "fail", "pass"):
+        if s in seen:
+            return s  # type: ignore[return-value]
+    return "skip"
+
+
+def exit_code_for(status: Status) -> int:
+    return {"pass": EXIT_PASS, "skip": EXIT_PASS, "fail": EXIT_FAIL, "error": EXIT_FAIL}[status]
+
+
+@dataclass
+class Verdict:
+    gate: str
+    status: Status
+    started: str
+    finished: str
+    checks: list[Check] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, gate: str, started: str, checks: list[Check], metrics: dict[str, Any] | None = None,
+           status: Status | None = None) -> "Verdict":
+        return cls(gate, status or overall_status(checks), started, now_iso(), list(checks), dict(metrics or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        checks = [Check(**c) for c in d.get("checks", [])]
+        return cls(d["gate"], d["status"], d.get("started", ""), d.get("finished", ""), checks, d.get("metrics", {}))
+
+    def write(self, out: Path) -> Path:
+        return write_json_atomic(Path(out) / "verdict.json", self.to_dict())
+
+    @classmethod
+    def read(cls, out: Path) -> "Verdict":
+        return cls.from_dict(json.loads((Path(out) / "verdict.json").read_text()))
+
+    def failed_checks(self) -> list[Check]:
+        return [c for c in self.checks if c.status in ("fail", "error")]
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """Write JSON through a temp file and rename, so a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,83 @@
+"""Run one step under the evidence contract: verdict.json, exit code, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from params import ProfileError, load_profile
+from steps._evidence import (EXIT_TRANSIENT, EXIT_USAGE, Check, TransientError, UsageError, Verdict,
+                             exit_code_for, now_iso)
+
+__all__ = ["run_step", "write_outputs"]
+
+
+def run_step(module, args: argparse.Namespace) -> int:
+    """Execute ``module.run`` and turn its outcome into a verdict and an exit code."""
+    out = Path(args.out)
+    started = now_iso()
+    gate = module.NAME
+    try:
+        if getattr(module, "NEEDS_PROFILE", True):
+            if not args.profile:
+                raise UsageError(f"step {gate}: --profile is required")
+            args.profile_obj = load_profile(args.profile)
+        out.mkdir(parents=True, exist_ok=True)
+        checks, metrics = module.run(args, out)
+    except (ProfileError, UsageError) as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TransientError as exc:
+        _write_error(out, gate, started, "transient", f"TransientError: {exc}")
+        print(f"TransientError: {exc}", file=sys.stderr)
+        return EXIT_TRANSIENT
+    except KeyboardInterrupt:
+        _write_error(out, gate, started, "interrupted", "interrupted (SIGINT); resources were released")
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug or an unexpected environment: one line, full trace beside the verdict
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        _write_error(out, gate, started, "unexpected", line)
+        try:
+            (out / "traceback.txt").write_text(traceback.format_exc())
+        except OSError:
+            pass
+        print(f"{gate}: {line} (traceback in {out / 'traceback.txt'})", file=sys.stderr)
+        return 1
+    verdict = Verdict.of(gate, started, checks, metrics)
+    verdict.write(out)
+    write_outputs(out, verdict)
+    _print_summary(verdict)
+    return exit_code_for(verdict.status)
+
+
+def write_outputs(out: Path, verdict: Verdict) -> None:
+    """Plain-text output parameters: ``outputs/verdict`` plus ``metrics["outputs"]``.
+
+    Argo reads them with ``valueFrom.path``; the local runner reads the same files.
+    """
+    d = out / "outputs"
+    d.mkdir(parents=True, exist_ok=True)
+    values = {"verdict": verdict.status, **{str(k): v for k, v in verdict.metrics.get("outputs", {}).items()}}
+    for k, v in values.items():
+        text = ("true" if v else "false") if isinstance(v, bool) else str(v)
+        (d / k).write_text(text)
+
+
+def _write_error(out: Path, gate: str, started: str, name: str, detail: str) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        v = Verdict.of(gate, started, [Check(name, "error", None, None, detail)], status="error")
+        v.write(out)
+        write_outputs(out, v)
+    except OSError:
+        pass
+
+
+def _print_summary(v: Verdict) -> None:
+    width = max((len(c.name) for c in v.checks), default=10)
+    for c in v.checks:
+        print(f"  {c.status:5} {c.name:<{width}}  {c.detail}")
+    print(f"{v.gate}: {v.status.upper()}")

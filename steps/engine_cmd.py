@@ -1,0 +1,152 @@
+"""Engine-neutral :class:`EngineArgs` -> each engine's own command line and env.
+
+Pure functions: Gate 2 (both back ends), Gate 6 (variants) and the engine-check
+(which feeds the flags to the engine's own argument parser) all use these.
+Multi-node placement differs only in rank/address/NIC, never in the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from params.models import EngineArgs, EngineSpec
+
+__all__ = ["Placement", "engine_flags", "engine_command", "engine_env", "apply_change", "args_hash"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one rank of a multi-node engine runs; the only per-node difference."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_addr: str | None = None     # leader host:port for rendezvous
+    host_ip: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    if value is True:
+        return [f"--{name}"]
+    if value is False or value is None:
+        return []
+    return [f"--{name}", str(value)]
+
+
+def _sglang_flags(a: EngineArgs) -> list[str]:
+    f: list[str] = []
+    f += _flag("tp-size", a.tp_size)
+    f += _flag("ep-size", a.ep_size)
+    f += _flag("dp-size", a.dp_size)
+    f += _flag("context-length", a.context_length)
+    f += _flag("max-running-requests", a.max_running_requests)
+    f += _flag("mem-fraction-static", a.mem_fraction)
+    f += _flag("moe-runner-backend", a.moe_runner_backend)
+    f += _flag("decode-attention-backend", a.attention_backend)
+    if a.kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
+        f += _flag("kv-cache-dtype", a.kv_cache_dtype)
+    f += _flag("enable-symm-mem", a.enable_symm_mem)
+    if not a.prefix_cache:
+        f += ["--disable-radix-cache"]
+    f += _flag("enable-hierarchical-cache", a.hicache)
+    if a.speculative is not None:
+        f += _flag("speculative-algorithm", a.speculative.method.upper())
+        f += _flag("speculative-num-draft-tokens", a.speculative.num_speculative_tokens)
+        f += _flag("speculative-draft-model-path", a.speculative.draft_model)
+    f += _flag("disable-custom-all-reduce", a.disable_custom_all_reduce)
+    f += _flag("trust-remote-code", a.trust_remote_code)
+    f += _flag("dtype", a.dtype)
+    return f
+
+
+def _vllm_flags(a: EngineArgs) -> list[str]:
+    f: list[str] = []
+    f += _flag("tensor-parallel-size", a.tp_size)
+    if a.ep_size and a.ep_size > 1:
+        f += ["--enable-expert-parallel"]
+    f += _flag("data-parallel-size", a.dp_size)
+    f += _flag("max-model-len", a.context_length)
+    f += _flag("max-num-seqs", a.max_running_requests)
+    f += _flag("gpu-memory-utilization", a.mem_fraction)
+    f += _flag("attention-backend", a.attention_backend.upper() if a.attention_backend else None)
+    f += _flag("kv-cache-dtype", a.kv_cache_dtype if a.kv_cache_dtype != "bf16" else "auto")
+    f += ["--enable-prefix-caching" if a.prefix_cache else "--no-enable-prefix-caching"]
+    if a.speculative is not None:
+        spec = {"method": a.speculative.method, "num_speculative_tokens": a.speculative.num_speculative_tokens}
+        if a.speculative.draft_model:
+            spec["model"] = a.speculative.draft_model
+        if a.speculative.prompt_lookup_max is not None:
+            spec["prompt_lookup_max"] = a.speculative.prompt_lookup_max
+        f += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+    f += _flag("disable-custom-all-reduce", a.disable_custom_all_reduce)
+    f += _flag("trust-remote-code", a.trust_remote_code)
+    f += _flag("dtype", a.dtype)
+    return f
+
+
+def engine_flags(engine: str, spec: EngineSpec) -> list[str]:
+    """The engine's flags for the profile's args and parsers (no model/port/placement)."""
+    a = spec.args
+    f = _sglang_flags(a) if engine == "sglang" else _vllm_flags(a)
+    f += _flag("reasoning-parser", spec.reasoning_parser)
+    f += _flag("tool-call-parser", spec.tool_call_parser)
+    for k, v in sorted(a.extra.items()):
+        f += _flag(k, v)
+    return f
+
+
+def engine_command(engine: str, spec: EngineSpec, *, model_path: str, served_name: str, python: str = "python3",
+                   host: str = "0.0.0.0", placement: Placement = Placement()) -> list[str]:
+    """The full argv that starts one rank of the engine."""
+    if engine == "sglang":
+        cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path,
+               "--served-model-name", served_name, "--host", host, "--port", str(spec.port)]
+        if placement.nnodes > 1:
+            cmd += ["--nnodes", str(placement.nnodes), "--node-rank", str(placement.node_rank),
+                    "--dist-init-addr", str(placement.dist_addr)]
+    elif engine == "vllm":
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+               "--served-model-name", served_name, "--host", host, "--port", str(spec.port)]
+        if placement.nnodes > 1:
+            addr, _, port = str(placement.dist_addr).partition(":")
+            cmd += ["--nnodes", str(placement.nnodes), "--node-rank", str(placement.node_rank),
+                    "--master-addr", addr]
+            if port:
+                cmd += ["--master-port", port]
+            if placement.node_rank > 0:
+                cmd += ["--headless"]
+    else:
+        raise ValueError(f"unknown engine {engine!r}")
+    return cmd + engine_flags(engine, spec)
+
+
+def engine_env(engine: str, spec: EngineSpec, placement: Placement = Placement()) -> dict[str, str]:
+    """The profile's env plus what the args imply; identical on every rank but the NIC."""
+    env = dict(spec.env)
+    if engine == "vllm" and spec.args.moe_runner_backend == "marlin":
+        env.setdefault("VLLM_MXFP4_USE_MARLIN", "1")
+    env.update(placement.extra_env)
+    return dict(sorted(env.items()))
+
+
+def apply_change(spec: EngineSpec, change: dict[str, Any]) -> EngineSpec:
+    """The spec with one EngineArgs variable changed (Gate 6); validated by the model."""
+    (path, value), = change.items()
+    args = spec.args.model_dump()
+    keys = path.split(".")
+    node = args
+    for k in keys[:-1]:
+        node = node.setdefault(k, {}) if isinstance(node.get(k), dict) or node.get(k) is None else node[k]
+    node[keys[-1]] = value
+    new_args = EngineArgs.model_validate(args)
+    return spec.model_copy(update={"args": new_args})
+
+
+def args_hash(engine: str, spec: EngineSpec) -> str:
+    """A short stable hash of the flags and env: what 'same options' means for A/B and history."""
+    import hashlib
+    blob = json.dumps({"engine": engine, "flags": engine_flags(engine, spec), "env": engine_env(engine, spec)},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,155 @@
+"""`gauntlet`: a thin CLI over the graph, the renderers, the linter and the steps.
+
+Every command validates the profile first. Errors print as ``Type: message``
+and exit non-zero (2 for bad input); there is no traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from params import ProfileError, load_profile
+from steps import STEPS, load_step
+from steps._evidence import EXIT_USAGE, UsageError
+
+__all__ = ["main", "build_parser"]
+
+
+def _add_profile(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--profile", required=required,
+                   help="profile name in params/profiles/ (e.g. kimi-k3-h20, local-cpu) or a YAML path")
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gauntlet", description=(
+        "Gated validation pipeline for serving a large model: render it to Argo, "
+        "run it locally, or run one gate."))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("render", help="render the WorkflowTemplate, CronWorkflow and RBAC (offline) and lint them")
+    _add_profile(p)
+    p.add_argument("--out", default="build", help="output directory (default: build)")
+    p.add_argument("--no-lint", action="store_true", help="skip the strict lint after rendering")
+
+    p = sub.add_parser("lint", help="strictly validate rendered files (DIR) or a profile and what it renders")
+    p.add_argument("dir", nargs="?", help="directory (or file) of rendered YAML to lint")
+    _add_profile(p, required=False)
+
+    p = sub.add_parser("submit", help="create/update the templates on Argo, or print the argo commands")
+    _add_profile(p)
+    p.add_argument("--host", help="Argo server URL, e.g. https://argo.example:2746")
+    p.add_argument("--token", help="bearer token (or set ARGO_TOKEN)")
+    p.add_argument("--namespace", help="namespace (default: the profile's)")
+    p.add_argument("--dry-run", action="store_true", help="print the exact argo CLI commands instead")
+    p.add_argument("--out", default="build", help="where rendered files are written (default: build)")
+    p.add_argument("--verify-ssl", action=argparse.BooleanOptionalAction, default=True)
+
+    p = sub.add_parser("run", help="run the gate graph locally (the embedded default back end)")
+    _add_profile(p)
+    p.add_argument("--runs-dir", default="runs", help="where runs/<run-id>/ is written (default: runs)")
+    p.add_argument("--run-id", help="run id (default: a timestamp)")
+    p.add_argument("--engines", default=None, help="sglang, vllm or both (default: the profile's engines)")
+    p.add_argument("--gates", default=None, help="comma-separated gate names to run (default: all)")
+
+    p = sub.add_parser("report", help="write report.md and plots for a run directory")
+    p.add_argument("run_dir", help="runs/<run-id>/")
+    p.add_argument("--results", default=None, help="results store URI for the nightly trend")
+
+    p = sub.add_parser("model", help="local model helpers")
+    msub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    mp = msub.add_parser("prepare", help="build a local model directory (e.g. smollm2)")
+    mp.add_argument("name", help="recipe name, e.g. smollm2")
+    mp.add_argument("--cache", default=None, help="cache directory (default: .cache/models)")
+    mp = msub.add_parser("synth", help="write a synthetic model directory with a profile's structure")
+    _add_profile(mp)
+    mp.add_argument("--out", required=True)
+    mp.add_argument("--sparse", action="store_true", help="full-size sparse shards (headers only)")
+
+    p = sub.add_parser("step", help="run one gate (what each Argo container runs)")
+    ssub = p.add_subparsers(dest="step", required=True, metavar="GATE")
+    wanted = None
+    if argv is not None and len(argv) >= 2 and argv[0] == "step":
+        wanted = argv[1]  # import only the step being run; --help lists all
+    for name in STEPS:
+        if wanted is not None and wanted in STEPS and name != wanted:
+            ssub.add_parser(name)
+            continue
+        try:
+            mod = load_step(name)
+        except ImportError:
+            continue
+        sp = ssub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        if getattr(mod, "NEEDS_PROFILE", True):
+            _add_profile(sp, required=False)
+        sp.add_argument("--out", default=f"evidence/{name}", help="evidence directory (default: evidence/<gate>)")
+        mod.add_arguments(sp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except (ProfileError, UsageError) as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "step":
+        from steps._runner import run_step
+        return run_step(load_step(args.step), args)
+    if args.command == "render":
+        from workflows.render import render_profile
+        profile = load_profile(args.profile)
+        paths = render_profile(profile, Path(args.out))
+        for p in paths:
+            print(p)
+        if args.no_lint:
+            return 0
+        from workflows.lint import lint_paths, print_findings
+        return print_findings(lint_paths(paths))
+    if args.command == "lint":
+        from workflows.lint import lint_paths, lint_profile, print_findings
+        if args.dir is None and args.profile is None:
+            raise UsageError("lint: give a DIR of rendered files or --profile")
+        findings = []
+        if args.profile:
+            findings += lint_profile(load_profile(args.profile))
+        if args.dir:
+            d = Path(args.dir)
+            if not d.exists():
+                raise UsageError(f"lint: {d}: no such file or directory")
+            findings += lint_paths(sorted(d.glob("*.yaml")) if d.is_dir() else [d])
+        return print_findings(findings)
+    if args.command == "submit":
+        from workflows.submit import submit
+        return submit(load_profile(args.profile), args)
+    if args.command == "run":
+        from workflows.local import run_local
+        return run_local(load_profile(args.profile), args)
+    if args.command == "report":
+        from steps.report import write_report
+        write_report(Path(args.run_dir), results=args.results)
+        return 0
+    if args.command == "model":
+        if args.model_command == "prepare":
+            from steps.models_local import prepare
+            print(prepare(args.name, cache=args.cache))
+            return 0
+        if args.model_command == "synth":
+            from steps.synth import synth_from_profile
+            print(synth_from_profile(load_profile(args.profile), Path(args.out), sparse=args.sparse))
+            return 0
+    raise UsageError(f"unknown command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
