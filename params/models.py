@@ -52,6 +52,10 @@ class NetworkSpec(Strict):
     allreduce_busbw_gbps_min_inter: float | None = None
     alltoall_busbw_gbps_min_intra: float | None = None
     alltoall_busbw_gbps_min_inter: float | None = None
+    rdma_devices_min: int | None = Field(None, description="active RDMA ports expected per node; null: unknown")
+    probe_iters: int = Field(20, description="timed iterations per size in the NCCL probe (after warmup)")
+    probe_warmup: int = 5
+    probe_timeout_s: int = Field(1800, description="how long the network probe Job may run before it fails")
 
 
 class StorageSpec(Strict):
@@ -64,6 +68,7 @@ class GpuProbeSpec(Strict):
     bf16_tflops_min: float | None = None
     copy_bytes: int = 4 << 30
     matmul_n: int = 8192
+    iters: int = Field(10, description="timed repetitions per measurement (after 3 warmups); the median is judged")
 
 
 class Hardware(Strict):
@@ -76,6 +81,9 @@ class Hardware(Strict):
     gpu_arch: Literal["hopper", "blackwell", "ampere", "cpu"] = "cpu"
     driver_min: str | None = None
     cuda_min: str | None = None
+    persistence_required: bool = Field(True, description="nvidia-smi persistence mode must be Enabled on every GPU")
+    ecc_uncorrected_max: int = Field(0, description="volatile uncorrectable ECC errors tolerated per GPU")
+    gpu_idle_memory_mib_max: int = Field(1024, description="memory already used on a GPU before Gate 1 runs")
     gpu_probe: GpuProbeSpec = GpuProbeSpec()
     network: NetworkSpec = NetworkSpec()
     storage: StorageSpec = StorageSpec()
@@ -271,6 +279,8 @@ class Profile(Strict):
     timezone: str = "Asia/Shanghai"
     active_deadline_s: int = 6 * 3600
     results_uri: str = Field("results", description="pyarrow filesystem URI or local path of the results store")
+    runs_pvc: str = Field("gauntlet-runs", description="RWX PVC mounted at /runs: every gate's evidence on Argo")
+    artifact_repository: str | None = Field(None, description="artifactRepositoryRef configMap (null: default)")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Profile":

@@ -170,7 +170,7 @@ def build_graph(profile: Profile) -> Graph:
         for i, node in enumerate(nodes):
             t = f"nodes-{i}"
             tasks.append(Task(t, step="nodes", gate="gate1", node=node, depends=_ok(*checks, skipped=True),
-                              args=("--node", node), cluster_only=True))
+                              args=("--node", node), cluster_only=True, gpus=profile.hardware.gpus_per_node))
             gate1.append(t)
         tasks.append(Task("network", step="network", gate="gate1", depends=_ok(*gate1), cluster_only=True))
         gate1 = ["network"]

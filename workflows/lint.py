@@ -1,0 +1,375 @@
+"""Strict offline lint of rendered documents.
+
+Argo documents are validated against their kind's definition in Argo v4.1.2's
+JSON schema (``../shared/argo/schema.json`` or ``$GAUNTLET_ARGO_SCHEMA``),
+patched so IntOrString accepts integers and every object forbids unknown
+properties; then the semantic rules Argo's own validator applies that a schema
+cannot express. Kubernetes objects are validated with ``kubernetes-validate``.
+Each finding names the document, the path and the rule.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+__all__ = ["Finding", "lint_documents", "lint_paths", "lint_profile", "print_findings", "schema_path",
+           "K8S_VERSION"]
+
+K8S_VERSION = "1.33.0"
+ARGO_KINDS = {
+    "WorkflowTemplate": "io.argoproj.workflow.v1alpha1.WorkflowTemplate",
+    "CronWorkflow": "io.argoproj.workflow.v1alpha1.CronWorkflow",
+    "Workflow": "io.argoproj.workflow.v1alpha1.Workflow",
+    "ClusterWorkflowTemplate": "io.argoproj.workflow.v1alpha1.ClusterWorkflowTemplate",
+}
+_TASK_NAME = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]*$")
+_REF = re.compile(r"\{\{\s*([^}]+?)\s*\}\}")
+_DEP_TOKEN = re.compile(r"([A-Za-z0-9_-]+)(?:\.(Succeeded|Failed|Errored|Skipped|Omitted|Daemoned|AnySucceeded|AllFailed))?")
+_GLOBAL_VARS = {"workflow.uid", "workflow.name", "workflow.namespace", "workflow.status", "workflow.failures",
+                "workflow.serviceAccountName", "workflow.creationTimestamp", "workflow.duration",
+                "workflow.mainEntrypoint", "workflow.priority", "workflow.scheduledTime"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    doc: str
+    path: str
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.doc}: {self.path}: [{self.rule}] {self.message}"
+
+
+def schema_path() -> Path:
+    env = os.environ.get("GAUNTLET_ARGO_SCHEMA")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here / "shared" / "argo" / "schema.json", here.parent / "shared" / "argo" / "schema.json"):
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError("Argo schema.json not found: set GAUNTLET_ARGO_SCHEMA or keep ../shared/argo/")
+
+
+def _patch(node: Any) -> Any:
+    """Forbid unknown properties everywhere; IntOrString accepts integers too."""
+    if isinstance(node, dict):
+        out = {k: _patch(v) for k, v in node.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(node, list):
+        return [_patch(v) for v in node]
+    return node
+
+
+@functools.lru_cache(maxsize=2)
+def _validator(path: str):
+    import jsonschema
+    schema = json.loads(Path(path).read_text())
+    defs = _patch(copy.deepcopy(schema["definitions"]))
+    defs["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["string", "integer"]}
+    root = {"$schema": schema.get("$schema"), "definitions": defs}
+    cls = jsonschema.validators.validator_for(root)
+    return {kind: cls({**root, "$ref": f"#/definitions/{d}"}) for kind, d in ARGO_KINDS.items()}
+
+
+def _fmt_path(parts: Iterable[Any]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(root)"
+
+
+def _schema_findings(name: str, doc: dict[str, Any]) -> list[Finding]:
+    kind = doc.get("kind")
+    validators = _validator(str(schema_path()))
+    if kind not in validators:
+        return [Finding(name, "kind", "schema", f"unknown Argo kind {kind!r}")]
+    found = []
+    for err in sorted(validators[kind].iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+        msg = err.message
+        if err.validator == "additionalProperties":
+            msg = f"unknown field(s): {msg.split('(')[-1].rstrip(')')}" if "(" in msg else msg
+        found.append(Finding(name, _fmt_path(err.absolute_path), f"schema.{err.validator}", msg[:300]))
+    return found
+
+
+# --- semantic rules (what Argo's validator checks beyond the schema) --------------------------------------
+
+def _depends_names(expr: str) -> list[str]:
+    cleaned = re.sub(r"(&&|\|\||!|\(|\))", " ", expr)
+    names = []
+    for tok in cleaned.split():
+        mt = _DEP_TOKEN.fullmatch(tok)
+        names.append(mt.group(1) if mt else tok)
+    return names
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(edges.get(n, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state:
+                c = visit(d)
+                if c:
+                    return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(edges):
+        if n not in state:
+            c = visit(n)
+            if c:
+                return c
+    return None
+
+
+def _outputs_of(tmpl: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> set[str]:
+    outs = {p["name"] for p in tmpl.get("outputs", {}).get("parameters", []) or []}
+    return outs
+
+
+def _spec_findings(name: str, spec: dict[str, Any], base: str) -> list[Finding]:
+    f: list[Finding] = []
+    templates = spec.get("templates", []) or []
+    by_name = {t.get("name"): t for t in templates}
+    if len(by_name) != len(templates):
+        f.append(Finding(name, f"{base}.templates", "unique-template-names", "template names are not unique"))
+    wparams = {p["name"]: p for p in (spec.get("arguments", {}) or {}).get("parameters", []) or []}
+    for pname, p in wparams.items():
+        if p.get("enum") is not None and "value" in p and p["value"] not in p["enum"]:
+            f.append(Finding(name, f"{base}.arguments.parameters.{pname}", "enum-default",
+                             f"default {p['value']!r} is not one of its enum {p['enum']}"))
+    entry = spec.get("entrypoint")
+    if "workflowTemplateRef" not in spec:
+        if entry not in by_name:
+            f.append(Finding(name, f"{base}.entrypoint", "template-ref", f"entrypoint {entry!r} is not a template"))
+        on_exit = spec.get("onExit")
+        if on_exit is not None and on_exit not in by_name:
+            f.append(Finding(name, f"{base}.onExit", "template-ref", f"onExit {on_exit!r} is not a template"))
+    sync = spec.get("synchronization")
+    if sync is not None:
+        if "mutex" in sync or "semaphore" in sync:
+            f.append(Finding(name, f"{base}.synchronization", "argo4-sync",
+                             "singular mutex/semaphore was removed in Argo 4: use mutexes/semaphores lists"))
+        if not sync.get("mutexes") and not sync.get("semaphores"):
+            f.append(Finding(name, f"{base}.synchronization", "empty-sync",
+                             "synchronization is empty (Hera's Synchronization(mutex=...) renders {})"))
+    for ti, t in enumerate(templates):
+        tpath = f"{base}.templates[{ti}]"
+        tname = t.get("name")
+        inputs = {p["name"] for p in (t.get("inputs", {}) or {}).get("parameters", []) or []}
+        for key in ("container", "script"):
+            c = t.get(key)
+            if c is not None and not c.get("image"):
+                f.append(Finding(name, f"{tpath}.{key}.image", "image-required",
+                                 f"template {tname!r} has a {key} without an image"))
+        f += _ref_findings(name, tpath, t, inputs, wparams, tasks=None)
+        if "dag" in t:
+            f += _dag_findings(name, tpath, t, by_name, inputs, wparams)
+    return f
+
+
+def _dag_findings(name: str, tpath: str, t: dict[str, Any], by_name: dict[str, Any], inputs: set[str],
+                  wparams: dict[str, Any]) -> list[Finding]:
+    f: list[Finding] = []
+    tasks = t["dag"].get("tasks", []) or []
+    names = [x.get("name") for x in tasks]
+    task_by = {x.get("name"): x for x in tasks}
+    edges: dict[str, set[str]] = {}
+    for i, task in enumerate(tasks):
+        p = f"{tpath}.dag.tasks[{i}]"
+        tn = task.get("name", "")
+        if not _TASK_NAME.match(tn or ""):
+            f.append(Finding(name, f"{p}.name", "task-name", f"task name {tn!r} must match {_TASK_NAME.pattern}"))
+        if names.count(tn) > 1:
+            f.append(Finding(name, f"{p}.name", "unique-task-names", f"task {tn!r} appears twice"))
+        if "depends" in task and "dependencies" in task:
+            f.append(Finding(name, p, "depends-xor-dependencies", "a task may not mix depends and dependencies"))
+        ref = task.get("template")
+        if ref is not None and ref not in by_name:
+            f.append(Finding(name, f"{p}.template", "template-ref", f"template {ref!r} does not exist"))
+        deps = _depends_names(task.get("depends", "") or "") + list(task.get("dependencies", []) or [])
+        for d in deps:
+            if d not in task_by:
+                f.append(Finding(name, f"{p}.depends", "depends-ref", f"depends names unknown task {d!r}"))
+        edges[tn] = {d for d in deps if d in task_by}
+        # arguments must match the called template's inputs
+        called = by_name.get(ref)
+        if called is not None:
+            want = {q["name"] for q in (called.get("inputs", {}) or {}).get("parameters", []) or []
+                    if "value" not in q and "default" not in q}
+            given = {q["name"] for q in (task.get("arguments", {}) or {}).get("parameters", []) or []}
+            for missing in sorted(want - given):
+                f.append(Finding(name, f"{p}.arguments", "input-args",
+                                 f"template {ref!r} needs input {missing!r} which the task does not pass"))
+        f += _ref_findings(name, p, task, inputs, wparams, tasks=(task_by, by_name, _ancestors(tn, task_by)))
+    cyc = _cycle(edges)
+    if cyc:
+        f.append(Finding(name, f"{tpath}.dag", "dag-cycle", "cycle: " + " -> ".join(cyc)))
+    return f
+
+
+def _ancestors(tn: str, task_by: dict[str, Any]) -> set[str]:
+    seen: set[str] = set()
+    todo = [tn]
+    while todo:
+        cur = todo.pop()
+        t = task_by.get(cur) or {}
+        for d in _depends_names(t.get("depends", "") or "") + list(t.get("dependencies", []) or []):
+            if d in task_by and d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+def _walk_strings(node: Any, path: str):
+    if isinstance(node, str):
+        yield path, node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk_strings(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk_strings(v, f"{path}[{i}]")
+
+
+def _ref_findings(name: str, base: str, node: dict[str, Any], inputs: set[str], wparams: dict[str, Any],
+                  tasks: tuple[dict[str, Any], dict[str, Any], set[str]] | None) -> list[Finding]:
+    f: list[Finding] = []
+    scan = {k: v for k, v in node.items() if k != "dag"} if tasks is None else node
+    for path, s in _walk_strings(scan, base):
+        for mt in _REF.finditer(s):
+            ref = mt.group(1)
+            if ref in _GLOBAL_VARS or ref.startswith(("item", "pod.", "node.", "retries", "lastRetry",
+                                                       "steps.", "workflow.labels.", "workflow.annotations.",
+                                                       "workflow.outputs.", "=")):
+                continue
+            if ref.startswith("workflow.parameters."):
+                pn = ref.split(".", 2)[2]
+                if pn not in wparams:
+                    f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: no workflow parameter {pn!r}"))
+            elif ref.startswith("inputs.parameters."):
+                pn = ref.split(".", 2)[2]
+                if pn not in inputs:
+                    f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: the template has no input {pn!r}"))
+            elif ref.startswith("inputs.artifacts."):
+                continue
+            elif ref.startswith("tasks."):
+                parts = ref.split(".")
+                if tasks is None:
+                    f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: tasks.* only resolves in a DAG task"))
+                    continue
+                task_by, by_name, ancestors = tasks
+                tn = parts[1]
+                if tn not in task_by:
+                    f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: no task {tn!r} in this DAG"))
+                    continue
+                if len(parts) >= 5 and parts[2] == "outputs" and parts[3] == "parameters":
+                    called = by_name.get(task_by[tn].get("template"))
+                    outs = _outputs_of(called, by_name) if called else set()
+                    if parts[4] not in outs:
+                        f.append(Finding(name, path, "output-ref",
+                                         f"{{{{{ref}}}}}: task {tn!r} declares no output parameter {parts[4]!r}"))
+                    if tn not in ancestors:
+                        f.append(Finding(name, path, "output-ref",
+                                         f"{{{{{ref}}}}}: task {tn!r} is not upstream of this task (add it to depends)"))
+            else:
+                f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: unknown variable"))
+    return f
+
+
+def _argo_findings(name: str, doc: dict[str, Any]) -> list[Finding]:
+    f = _schema_findings(name, doc)
+    kind = doc.get("kind")
+    if kind == "CronWorkflow":
+        spec = doc.get("spec", {}) or {}
+        if "schedule" in spec:
+            f.append(Finding(name, "spec.schedule", "argo4-cron", "spec.schedule was removed in Argo 4: use schedules"))
+        if not spec.get("schedules"):
+            f.append(Finding(name, "spec.schedules", "cron-schedules", "a CronWorkflow needs at least one schedule"))
+        f += _spec_findings(name, spec.get("workflowSpec", {}) or {}, "spec.workflowSpec")
+    else:
+        f += _spec_findings(name, doc.get("spec", {}) or {}, "spec")
+    return f
+
+
+def _k8s_findings(name: str, doc: dict[str, Any]) -> list[Finding]:
+    import kubernetes_validate
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = _fmt_path(getattr(exc, "path", []) or [])
+        return [Finding(name, path, "kubernetes-validate", str(getattr(exc, "message", exc))[:300])]
+    except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.InvalidSchemaError) as exc:
+        return [Finding(name, "kind", "kubernetes-validate", f"no schema for {doc.get('kind')}: {exc}"[:300])]
+    return []
+
+
+def lint_documents(named: list[tuple[str, Any]]) -> list[Finding]:
+    """Lint (name, document) pairs; a document of an Argo kind goes to the Argo rules."""
+    findings: list[Finding] = []
+    for name, doc in named:
+        if not isinstance(doc, dict):
+            findings.append(Finding(name, "(root)", "document", "not a mapping"))
+            continue
+        label = f"{name}:{doc.get('kind', '?')}/{(doc.get('metadata') or {}).get('name', '?')}"
+        api = str(doc.get("apiVersion", ""))
+        if api.startswith("argoproj.io/"):
+            findings += _argo_findings(label, doc)
+        else:
+            findings += _k8s_findings(label, doc)
+    return findings
+
+
+def lint_paths(paths: Iterable[Path]) -> list[Finding]:
+    named: list[tuple[str, Any]] = []
+    findings: list[Finding] = []
+    for p in paths:
+        p = Path(p)
+        try:
+            for doc in yaml.safe_load_all(p.read_text()):
+                if doc is not None:
+                    named.append((p.name, doc))
+        except (OSError, yaml.YAMLError) as exc:
+            findings.append(Finding(p.name, "(file)", "yaml", str(exc).splitlines()[0]))
+    return findings + lint_documents(named)
+
+
+def lint_profile(profile) -> list[Finding]:
+    """Render the profile in memory and lint what it renders."""
+    from workflows.render import render_documents
+    named: list[tuple[str, Any]] = []
+    for fname, doc in render_documents(profile).items():
+        for d in doc if isinstance(doc, list) else [doc]:
+            named.append((fname, d))
+    return lint_documents(named)
+
+
+def print_findings(findings: list[Finding]) -> int:
+    for fnd in findings:
+        print(fnd, file=sys.stderr)
+    if findings:
+        print(f"lint: {len(findings)} finding(s)", file=sys.stderr)
+        return 1
+    print("lint: ok")
+    return 0

@@ -1,0 +1,295 @@
+"""Render a profile's gate graph into Argo documents with Hera (pure, offline).
+
+``render_documents(profile)`` returns plain dicts: the WorkflowTemplate, the
+nightly CronWorkflow and the RBAC objects. ``render_profile`` writes them as
+YAML (sorted keys, so the output is byte-identical across runs). Submitting is
+a separate call (:mod:`workflows.submit`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hera.workflows import (DAG, Artifact, Container, CronWorkflow, Parameter, RetryStrategy, Task,
+                            WorkflowTemplate)
+from hera.workflows import models as m
+
+from params import load_images
+from params.loader import ImageRef
+from params.models import Profile
+from workflows.graph import ENGINE_SEQUENCE, RUN_DIR, Dag, Graph, build_graph
+from workflows.graph import Task as GTask
+
+__all__ = ["render_documents", "render_profile", "template_name", "cron_name", "RUN_LABEL", "TRANSIENT_EXIT"]
+
+RUN_LABEL = "gauntlet.dev/run"
+TRANSIENT_EXIT = 75
+ARGO_RUN_DIR = "/runs/{{workflow.uid}}"
+CODE_DIR = "/opt/gauntlet"          # where the step image keeps the project (app/ + deps/)
+_REF = re.compile(r"\{\{\s*([^}]+?)\s*\}\}")
+
+
+def template_name(profile: Profile) -> str:
+    return f"gauntlet-{profile.name}"
+
+
+def cron_name(profile: Profile) -> str:
+    return f"gauntlet-{profile.name}-nightly"
+
+
+def _out_dir(dag: Dag, task: GTask) -> str:
+    if dag.name == ENGINE_SEQUENCE:
+        return f"{ARGO_RUN_DIR}/{{{{inputs.parameters.engine}}}}/{task.name}"
+    return f"{ARGO_RUN_DIR}/{task.name}"
+
+
+def _localize(text: str, inputs: dict[str, str]) -> str:
+    """Rewrite DAG-scope references in a container arg into the template's own inputs.
+
+    `tasks.*` and a DAG's `inputs.*` only resolve in the DAG's task arguments, so each
+    becomes an input parameter of the container template, passed by the task.
+    """
+    def sub(mt: re.Match[str]) -> str:
+        ref = mt.group(1)
+        if ref.startswith("workflow."):
+            return mt.group(0)
+        if ref.startswith("inputs.parameters."):
+            name = ref.split(".", 2)[2]
+        elif ref.startswith("tasks.") and ".outputs.parameters." in ref:
+            t, p = ref.split(".")[1], ref.split(".")[-1]
+            name = f"{t}-{p}"
+        else:
+            raise ValueError(f"unsupported reference {{{{{ref}}}}} in a step argument")
+        inputs[name] = mt.group(0)
+        return f"{{{{inputs.parameters.{name}}}}}"
+    return _REF.sub(sub, text.replace("{{workflow.parameters.run-dir}}", ARGO_RUN_DIR))
+
+
+def _step_image(images: dict[str, ImageRef], task: GTask, dag_inputs: dict[str, str]) -> tuple[str, bool]:
+    """(image, in_engine_image): an engine image runs the project's code copied in by an init container."""
+    key = task.image
+    return images[key].ref, key != "steps"
+
+
+def _volumes(profile: Profile) -> list[m.Volume]:
+    mdl = profile.model
+    vols = [
+        m.Volume(name="runs", persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(claim_name=profile.runs_pvc)),
+        m.Volume(name="model-cache", host_path=m.HostPathVolumeSource(path=mdl.host_cache_path, type="Directory")),
+        m.Volume(name="model-cache-rw", host_path=m.HostPathVolumeSource(path=mdl.host_cache_path,
+                                                                          type="DirectoryOrCreate")),
+        m.Volume(name="gauntlet-code", empty_dir=m.EmptyDirVolumeSource()),
+    ]
+    if mdl.source_path:
+        vols.append(m.Volume(name="model-source", host_path=m.HostPathVolumeSource(path=mdl.source_path,
+                                                                                    type="Directory")))
+    return vols
+
+
+def _mounts(profile: Profile, task: GTask) -> list[m.VolumeMount]:
+    mdl = profile.model
+    mounts = [m.VolumeMount(name="runs", mount_path="/runs")]
+    if task.step in ("preflight", "nodes", "engine-check"):
+        mounts.append(m.VolumeMount(name="model-cache", mount_path=mdl.mount_path, read_only=True))
+    if task.step == "prewarm":
+        mounts.append(m.VolumeMount(name="model-cache-rw", mount_path=mdl.host_cache_path))
+        if mdl.source_path:
+            mounts.append(m.VolumeMount(name="model-source", mount_path=mdl.source_path, read_only=True))
+    return mounts
+
+
+def _resources(task: GTask) -> m.ResourceRequirements:
+    req: dict[str, Any] = {"cpu": "1", "memory": "2Gi"}
+    lim: dict[str, Any] = {"memory": "8Gi"}
+    if task.step in ("preflight", "prewarm", "report", "regress"):
+        req, lim = {"cpu": "2", "memory": "2Gi"}, {"memory": "16Gi"}
+    if task.gpus:
+        req = {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": str(task.gpus)}
+        lim = {"memory": "256Gi", "nvidia.com/gpu": str(task.gpus)}
+    return m.ResourceRequirements(requests={k: m.Quantity(v) for k, v in req.items()},
+                                  limits={k: m.Quantity(v) for k, v in lim.items()})
+
+
+def _env() -> list[m.EnvVar]:
+    return [
+        m.EnvVar(name="GAUNTLET_RUN_ID", value="{{workflow.uid}}"),
+        m.EnvVar(name="GAUNTLET_WORKFLOW", value="{{workflow.name}}"),
+        m.EnvVar(name="GAUNTLET_NAMESPACE", value="{{workflow.namespace}}"),
+        m.EnvVar(name="GAUNTLET_RESULTS_URI", value="{{workflow.parameters.results-uri}}"),
+        m.EnvVar(name="NODE_NAME", value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="spec.nodeName"))),
+        m.EnvVar(name="PYTHONUNBUFFERED", value="1"),
+    ]
+
+
+def _retry() -> RetryStrategy:
+    # Only a transient infrastructure error (exit 75) is retried; a failed verdict (exit 1) never is.
+    return RetryStrategy(limit="3", retry_policy="Always",
+                         expression=f"asInt(lastRetry.exitCode) == {TRANSIENT_EXIT}",
+                         backoff=m.Backoff(duration="30s", factor="2", max_duration="10m"))
+
+
+def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GTask, name: str,
+               dag_inputs: dict[str, str]) -> tuple[Container, dict[str, str]]:
+    inputs: dict[str, str] = {}
+    out = _out_dir(dag, task)
+    argv = ["step", task.step, "--profile", f"{CODE_DIR}/app/params/profiles/{profile.name}.yaml", "--out", out]
+    argv += list(task.args)
+    args = [_localize(a, inputs) for a in argv]
+    image, in_engine = _step_image(images, task, dag_inputs)
+    outputs = [Parameter(name="verdict", value_from=m.ValueFrom(path=f"{_localize(out, {})}/outputs/verdict",
+                                                                 default="error"))]
+    for o in task.outputs:
+        outputs.append(Parameter(name=o, value_from=m.ValueFrom(path=f"{_localize(out, {})}/outputs/{o}",
+                                                                 default="false" if o.startswith("unlock") else "")))
+    outputs.append(Artifact(name="evidence", path=_localize(out, {}), optional=True))
+    env = _env()
+    init = None
+    if in_engine:
+        command = ["python3", "-m", "workflows.cli"]
+        env.append(m.EnvVar(name="PYTHONPATH", value=f"{CODE_DIR}/app"))
+        init = [m.UserContainer(name="gauntlet-code", image=images["steps"].ref,
+                                command=["cp", "-a", f"{CODE_DIR}/app", f"/code/app"],
+                                volume_mounts=[m.VolumeMount(name="gauntlet-code", mount_path="/code")])]
+    else:
+        command = ["gauntlet"]
+    mounts = _mounts(profile, task)
+    if in_engine:
+        mounts.append(m.VolumeMount(name="gauntlet-code", mount_path=CODE_DIR))
+    c = Container(
+        name=name,
+        image=image,
+        image_pull_policy="IfNotPresent",
+        command=command,
+        args=args,
+        env=env,
+        inputs=[Parameter(name=k) for k in sorted(inputs)],
+        outputs=outputs,
+        volume_mounts=mounts,
+        resources=_resources(task),
+        retry_strategy=_retry(),
+        node_selector={"kubernetes.io/hostname": task.node} if task.node else None,
+        init_containers=init,
+        active_deadline_seconds=task.timeout_s or 4 * 3600,
+        labels={"gauntlet.dev/gate": task.gate or "none", "gauntlet.dev/step": task.step or ""},
+    )
+    return c, inputs
+
+
+def _drop_terms(depends: str | None, removed: set[str]) -> str | None:
+    """Remove the `&&` terms of a depends expression that name tasks Argo does not run."""
+    if not depends or not removed:
+        return depends
+    terms = [t for t in depends.split(" && ")
+             if not any(re.search(rf"(?<![-\w]){re.escape(r)}\.", t) for r in removed)]
+    return " && ".join(terms) or None
+
+
+def _dag(profile: Profile, images: dict[str, ImageRef], dag: Dag, prefix: str) -> tuple[DAG, list[Container]]:
+    containers: list[Container] = []
+    tasks: list[Task] = []
+    removed = {t.name for t in dag.tasks if t.local_only}
+    for t in dag.tasks:
+        if t.local_only:
+            continue
+        depends = _drop_terms(t.depends, removed)
+        if t.dag:
+            args = [Parameter(name=k, value=v) for k, v in sorted(t.inputs.items())]
+            tasks.append(Task(name=t.name, template=t.dag, arguments=args, depends=depends, when=t.when))
+            continue
+        tname = f"{prefix}{t.name}"
+        c, inputs = _container(profile, images, dag, t, tname, {})
+        containers.append(c)
+        args = [Parameter(name=k, value=v) for k, v in sorted(inputs.items())]
+        tasks.append(Task(name=t.name, template=tname, arguments=args or None, depends=depends, when=t.when))
+    inputs = [Parameter(name=i) for i in dag.inputs] or None
+    return DAG(name=dag.name, tasks=tasks, inputs=inputs), containers
+
+
+def _rbac(profile: Profile) -> list[dict[str, Any]]:
+    from steps._k8s.rbac import role_manifests
+    return role_manifests(profile.namespace, profile.service_account)
+
+
+def _template(profile: Profile, graph: Graph, images: dict[str, ImageRef]) -> WorkflowTemplate:
+    templates: list[Any] = []
+    main, cs = _dag(profile, images, graph.main, "")
+    templates += [main, *cs]
+    for seq in graph.sequences:
+        d, cs = _dag(profile, images, seq, "seq-")
+        templates += [d, *cs]
+    exit_c, exit_inputs = _container(profile, images, graph.main, graph.exit_handler, "cleanup", {})
+    assert not exit_inputs, "the exit handler takes only workflow-scope values"
+    templates.append(exit_c)
+    params = [Parameter(name=k, value=v[0], enum=list(v[1]) if v[1] else None, description=v[2])
+              for k, v in graph.parameters.items() if k != "run-dir"]
+    labels = {"app.kubernetes.io/part-of": "gauntlet", "gauntlet.dev/profile": profile.name}
+    return WorkflowTemplate(
+        name=template_name(profile),
+        namespace=profile.namespace,
+        labels=labels,
+        annotations={"workflows.argoproj.io/description": profile.description or profile.name},
+        entrypoint="main",
+        on_exit="cleanup",
+        arguments=params,
+        templates=templates,
+        service_account_name=profile.service_account,
+        active_deadline_seconds=profile.active_deadline_s,
+        synchronization=m.Synchronization(mutexes=[m.Mutex(name=f"gauntlet-{profile.hardware.node_pool}")]),
+        pod_gc=m.PodGC(strategy="OnWorkflowSuccess"),
+        ttl_strategy=m.TTLStrategy(seconds_after_success=7 * 86400, seconds_after_failure=14 * 86400),
+        pod_metadata=m.Metadata(labels={RUN_LABEL: "{{workflow.uid}}", **labels}),
+        workflow_metadata=m.WorkflowMetadata(labels=labels),
+        volumes=_volumes(profile),
+        artifact_repository_ref=(m.ArtifactRepositoryRef(config_map=profile.artifact_repository)
+                                 if profile.artifact_repository else None),
+    )
+
+
+def _cron(profile: Profile, graph: Graph) -> CronWorkflow:
+    labels = {"app.kubernetes.io/part-of": "gauntlet", "gauntlet.dev/profile": profile.name}
+    return CronWorkflow(
+        name=cron_name(profile),
+        namespace=profile.namespace,
+        labels=labels,
+        schedules=[profile.nightly_schedule],
+        timezone=profile.timezone,
+        concurrency_policy="Forbid",
+        starting_deadline_seconds=3600,
+        successful_jobs_history_limit=14,
+        failed_jobs_history_limit=30,
+        workflow_template_ref=m.WorkflowTemplateRef(name=template_name(profile)),
+        arguments=[Parameter(name="engines", value=graph.parameters["engines"][0])],
+        workflow_metadata=m.WorkflowMetadata(labels={**labels, "gauntlet.dev/nightly": "true"}),
+    )
+
+
+def render_documents(profile: Profile, images: dict[str, ImageRef] | None = None) -> dict[str, Any]:
+    """File name -> document (or list of documents) for one profile."""
+    images = load_images() if images is None else images
+    graph = build_graph(profile)
+    docs: dict[str, Any] = {
+        f"{template_name(profile)}.workflowtemplate.yaml": _template(profile, graph, images).to_dict(),
+        f"{cron_name(profile)}.cronworkflow.yaml": _cron(profile, graph).to_dict(),
+        f"{template_name(profile)}.rbac.yaml": _rbac(profile),
+    }
+    return docs
+
+
+def dump_yaml(doc: Any) -> str:
+    """Deterministic YAML: sorted keys, block style, one document or a multi-document stream."""
+    docs = doc if isinstance(doc, list) else [doc]
+    return "---\n".join(yaml.safe_dump(d, sort_keys=True, default_flow_style=False, width=120) for d in docs)
+
+
+def render_profile(profile: Profile, out: Path) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, doc in render_documents(profile).items():
+        p = out / name
+        p.write_text(dump_yaml(doc))
+        paths.append(p)
+    return paths
