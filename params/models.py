@@ -283,7 +283,7 @@ class Profile(Strict):
     artifact_repository: str | None = Field(None, description="artifactRepositoryRef configMap (null: default)")
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Profile":
+    def _cross_checks(self) -> Profile:
         errors: list[str] = []
         if self.hardware.gpu_arch == "hopper":
             for name, eng in self.engines.items():

@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,7 +50,7 @@ class TransientError(Exception):
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Check:
             raise ValueError(f"check {self.name}: status {self.status!r} not in {STATUSES}")
 
     @classmethod
-    def compare(cls, name: str, expected: Any, observed: Any, detail: str = "") -> "Check":
+    def compare(cls, name: str, expected: Any, observed: Any, detail: str = "") -> Check:
         """Pass when observed == expected; the detail says both when not."""
         ok = expected == observed
         if not detail:
@@ -102,14 +102,14 @@ class Verdict:
 
     @classmethod
     def of(cls, gate: str, started: str, checks: list[Check], metrics: dict[str, Any] | None = None,
-           status: Status | None = None) -> "Verdict":
+           status: Status | None = None) -> Verdict:
         return cls(gate, status or overall_status(checks), started, now_iso(), list(checks), dict(metrics or {}))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
         checks = [Check(**c) for c in d.get("checks", [])]
         return cls(d["gate"], d["status"], d.get("started", ""), d.get("finished", ""), checks, d.get("metrics", {}))
 
@@ -117,7 +117,7 @@ class Verdict:
         return write_json_atomic(Path(out) / "verdict.json", self.to_dict())
 
     @classmethod
-    def read(cls, out: Path) -> "Verdict":
+    def read(cls, out: Path) -> Verdict:
         return cls.from_dict(json.loads((Path(out) / "verdict.json").read_text()))
 
     def failed_checks(self) -> list[Check]:

@@ -1,7 +1,7 @@
 """Strict offline lint of rendered documents.
 
 Argo documents are validated against their kind's definition in Argo v4.1.2's
-JSON schema (``../shared/argo/schema.json`` or ``$GAUNTLET_ARGO_SCHEMA``),
+JSON schema (vendored in ``workflows/schemas/``; ``$GAUNTLET_ARGO_SCHEMA`` overrides),
 patched so IntOrString accepts integers and every object forbids unknown
 properties; then the semantic rules Argo's own validator applies that a schema
 cannot express. Kubernetes objects are validated with ``kubernetes-validate``.
@@ -18,7 +18,8 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import yaml
 
@@ -55,11 +56,7 @@ def schema_path() -> Path:
     env = os.environ.get("GAUNTLET_ARGO_SCHEMA")
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parent.parent
-    for cand in (here / "shared" / "argo" / "schema.json", here.parent / "shared" / "argo" / "schema.json"):
-        if cand.is_file():
-            return cand
-    raise FileNotFoundError("Argo schema.json not found: set GAUNTLET_ARGO_SCHEMA or keep ../shared/argo/")
+    return Path(__file__).resolve().parent / "schemas" / "argo-v4.1.2.schema.json"
 
 
 def _patch(node: Any) -> Any:

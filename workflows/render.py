@@ -20,7 +20,7 @@ from hera.workflows import models as m
 from params import load_images
 from params.loader import ImageRef
 from params.models import Profile
-from workflows.graph import ENGINE_SEQUENCE, RUN_DIR, Dag, Graph, build_graph
+from workflows.graph import ENGINE_SEQUENCE, Dag, Graph, build_graph
 from workflows.graph import Task as GTask
 
 __all__ = ["render_documents", "render_profile", "template_name", "cron_name", "RUN_LABEL", "TRANSIENT_EXIT"]
@@ -151,7 +151,7 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
         command = ["python3", "-m", "workflows.cli"]
         env.append(m.EnvVar(name="PYTHONPATH", value=f"{CODE_DIR}/app"))
         init = [m.UserContainer(name="gauntlet-code", image=images["steps"].ref,
-                                command=["cp", "-a", f"{CODE_DIR}/app", f"/code/app"],
+                                command=["cp", "-a", f"{CODE_DIR}/app", "/code/app"],
                                 volume_mounts=[m.VolumeMount(name="gauntlet-code", mount_path="/code")])]
     else:
         command = ["gauntlet"]

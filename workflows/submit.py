@@ -1,0 +1,84 @@
+"""Create or update the rendered templates on an Argo server (the one I/O half of rendering).
+
+``--dry-run`` prints the exact ``argo``/``kubectl`` commands instead. RBAC is
+applied with kubectl (Argo's API does not take RBAC objects).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from pathlib import Path
+
+from params.models import Profile
+from steps._evidence import TransientError, UsageError
+from workflows.lint import lint_paths, print_findings
+from workflows.render import cron_name, render_profile, template_name
+
+__all__ = ["submit", "commands"]
+
+
+def commands(profile: Profile, out: Path, namespace: str) -> list[str]:
+    """What a person would type: apply RBAC, create/update templates, start a run."""
+    wt = out / f"{template_name(profile)}.workflowtemplate.yaml"
+    cron = out / f"{cron_name(profile)}.cronworkflow.yaml"
+    rbac = out / f"{template_name(profile)}.rbac.yaml"
+    ns = shlex.quote(namespace)
+    return [
+        f"kubectl apply --server-side --field-manager=gauntlet -n {ns} -f {shlex.quote(str(rbac))}",
+        f"argo template create -n {ns} {shlex.quote(str(wt))} || argo template update -n {ns} {shlex.quote(str(wt))}",
+        f"argo cron create -n {ns} {shlex.quote(str(cron))} || argo cron update -n {ns} {shlex.quote(str(cron))}",
+        f"argo submit -n {ns} --from workflowtemplate/{template_name(profile)} -p engines=both --watch",
+    ]
+
+
+def submit(profile: Profile, args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    namespace = args.namespace or profile.namespace
+    paths = render_profile(profile, out)
+    rc = print_findings(lint_paths(paths))
+    if rc:
+        return rc
+    if args.dry_run:
+        for c in commands(profile, out, namespace):
+            print(c)
+        return 0
+    token = args.token or os.environ.get("ARGO_TOKEN")
+    if not args.host:
+        raise UsageError("submit: --host is required (or use --dry-run to print the argo commands)")
+    import yaml
+    from hera.exceptions import AlreadyExists, HeraException
+    from hera.workflows import WorkflowsService
+    from hera.workflows.models import (CreateCronWorkflowRequest, CronWorkflow, UpdateCronWorkflowRequest,
+                                       WorkflowTemplate, WorkflowTemplateCreateRequest,
+                                       WorkflowTemplateUpdateRequest)
+    svc = WorkflowsService(host=args.host, token=token, namespace=namespace, verify_ssl=args.verify_ssl)
+    wt = WorkflowTemplate.model_validate(yaml.safe_load(paths[0].read_text()))
+    cron = CronWorkflow.model_validate(yaml.safe_load(paths[1].read_text()))
+    try:
+        try:
+            svc.create_workflow_template(WorkflowTemplateCreateRequest(template=wt), namespace=namespace)
+            print(f"created workflowtemplate/{wt.metadata.name}")
+        except AlreadyExists:
+            cur = svc.get_workflow_template(wt.metadata.name, namespace=namespace)
+            wt.metadata.resource_version = cur.metadata.resource_version
+            svc.update_workflow_template(wt.metadata.name, WorkflowTemplateUpdateRequest(template=wt),
+                                         namespace=namespace)
+            print(f"updated workflowtemplate/{wt.metadata.name}")
+        try:
+            svc.create_cron_workflow(CreateCronWorkflowRequest(cron_workflow=cron), namespace=namespace)
+            print(f"created cronworkflow/{cron.metadata.name}")
+        except AlreadyExists:
+            cur = svc.get_cron_workflow(cron.metadata.name, namespace=namespace)
+            cron.metadata.resource_version = cur.metadata.resource_version
+            svc.update_cron_workflow(cron.metadata.name, UpdateCronWorkflowRequest(cron_workflow=cron),
+                                     namespace=namespace)
+            print(f"updated cronworkflow/{cron.metadata.name}")
+    except HeraException as exc:
+        raise UsageError(f"submit: Argo refused: {str(exc).splitlines()[0]}") from None
+    except OSError as exc:
+        raise TransientError(f"submit: cannot reach {args.host}: {exc}") from None
+    print(f"RBAC is not applied through Argo: {commands(profile, out, namespace)[0]}")
+    print(f"start a run: {commands(profile, out, namespace)[-1]}")
+    return 0
