@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,9 @@ class ImageRef(BaseModel):
         return f"{self.internal.rsplit(':', 1)[0]}@{self.digest}"
 
 
-def load_images(path: Path = IMAGES_FILE) -> dict[str, ImageRef]:
+def load_images(path: Path | None = None) -> dict[str, ImageRef]:
+    """The pinned images (``images/engines.yaml``, or ``$GAUNTLET_IMAGES``)."""
+    path = Path(path or os.environ.get("GAUNTLET_IMAGES") or IMAGES_FILE)
     data = _read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), dict):
         raise ProfileError(f"{path}: expected a mapping with key 'images'")
