@@ -1,0 +1,108 @@
+"""Regression labels on constructed histories, and the step against a real store."""
+
+import argparse
+import random
+
+import pytest
+
+from params import load_profile
+from steps.regress import DEFAULT_RULE, Rule, judge, judge_metric, nightly_medians, run
+from steps.results import append_rounds
+
+
+def _hist(n, centre=100.0, jitter=0.01, seed=1):
+    rng = random.Random(seed)
+    return [centre * (1 + rng.uniform(-jitter, jitter)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("value,label", [(100.5, "ok"), (90.0, "regressed"), (111.0, "improved")])
+def test_throughput_labels(value, label):
+    assert judge_metric(value, _hist(10), +1, 0.03)[0] == label
+
+
+def test_latency_direction_is_inverted():
+    assert judge_metric(130.0, _hist(10), -1, 0.10)[0] == "regressed"
+    assert judge_metric(70.0, _hist(10), -1, 0.10)[0] == "improved"
+
+
+def test_insufficient_history():
+    assert judge_metric(50.0, _hist(4), +1, 0.03)[0] == "insufficient history"
+    assert judge_metric(None, _hist(10), +1, 0.03)[0] == "insufficient history"
+
+
+def test_one_bad_night_in_history_does_not_mask_a_drop():
+    hist = _hist(9) + [40.0]          # an outage night in the history
+    assert judge_metric(90.0, hist, +1, 0.03)[0] == "regressed"
+
+
+def test_noisy_history_widens_the_band():
+    noisy = _hist(10, jitter=0.15, seed=3)
+    assert judge_metric(92.0, noisy, +1, 0.03)[0] == "ok"
+
+
+def test_window_keeps_only_recent_nights():
+    old = [200.0] * 20
+    recent = _hist(5)
+    assert judge_metric(100.0, old + recent, +1, 0.03, Rule(window=5))[0] == "ok"
+
+
+def test_judge_labels_every_metric():
+    cur = {("vllm", "c2"): {"output_throughput": 80.0, "p99_ttft_ms": 300.0}}
+    hist = {("vllm", "c2"): [{"output_throughput": v, "p99_ttft_ms": 300.0} for v in _hist(8)]}
+    labels = {lb.metric: lb.label for lb in judge(cur, hist, DEFAULT_RULE)}
+    assert labels["output_throughput"] == "regressed" and labels["p99_ttft_ms"] == "ok"
+    assert labels["p99_tpot_ms"] == "insufficient history"
+
+
+def test_nightly_medians_ignore_invalid_rounds_and_order_by_time():
+    rows = [dict(run_id="b", engine="vllm", case="c", valid=True, timestamp="2026-12-02T02:00", output_throughput=t)
+            for t in (1.0, 2.0, 30.0)]
+    rows += [dict(run_id="a", engine="vllm", case="c", valid=True, timestamp="2026-12-01T02:00", output_throughput=5.0),
+             dict(run_id="a", engine="vllm", case="c", valid=False, timestamp="2026-12-01T02:00",
+                  output_throughput=500.0)]
+    n = nightly_medians(rows)
+    assert list(n) == ["a", "b"]
+    assert n["b"][("vllm", "c")]["output_throughput"] == 2.0 and n["a"][("vllm", "c")]["output_throughput"] == 5.0
+
+
+def _store(tmp_path, nights, drop=1.0):
+    rng = random.Random(7)
+    rows = []
+    for i in range(nights + 1):
+        last = i == nights
+        for rnd in range(3):
+            t = 50.0 * (1 + rng.uniform(-0.01, 0.01)) * (drop if last else 1.0)
+            rows.append(dict(run_id=f"night{i:02d}", profile="local-cpu", engine="vllm", date=f"2026-11-{i + 1:02d}",
+                             timestamp=f"2026-11-{i + 1:02d}T02:00:00", client="vllm-bench-serve", args_hash="h",
+                             experiment="baseline", phase="measure", case="c2-128-32", round=rnd + 1, valid=True,
+                             output_throughput=t, request_throughput=t / 32, p99_ttft_ms=300.0, p99_tpot_ms=40.0,
+                             p99_e2el_ms=1500.0))
+    append_rounds(rows, tmp_path / "store")
+    return f"night{nights:02d}"
+
+
+def _args(tmp_path, run_id):
+    return argparse.Namespace(profile_obj=load_profile("local-cpu"), results_uri=str(tmp_path / "store"),
+                              run_id=run_id, k=3.0, window=14, min_history=5)
+
+
+def test_step_flags_an_injected_10pct_drop(tmp_path):
+    run_id = _store(tmp_path, 8, drop=0.90)
+    checks, metrics = run(_args(tmp_path, run_id), tmp_path / "out")
+    assert metrics["outputs"]["regressed"] is True
+    failed = [c.name for c in checks if c.status == "fail"]
+    assert "vllm/c2-128-32/output_throughput" in failed
+    assert (tmp_path / "out" / "labels.json").exists()
+
+
+def test_step_passes_without_a_change(tmp_path):
+    run_id = _store(tmp_path, 8)
+    checks, metrics = run(_args(tmp_path, run_id), tmp_path / "out")
+    assert metrics["outputs"]["regressed"] is False and all(c.status == "pass" for c in checks)
+
+
+def test_step_passes_with_insufficient_history(tmp_path):
+    run_id = _store(tmp_path, 2, drop=0.5)
+    checks, metrics = run(_args(tmp_path, run_id), tmp_path / "out")
+    assert metrics["outputs"]["regressed"] is False
+    assert all(c.observed == "insufficient history" and c.status == "pass" for c in checks)
