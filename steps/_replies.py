@@ -70,7 +70,7 @@ def chat_answer(ex: Exchange) -> Answer:
         return a
     body = ex.body
     if not isinstance(body, dict):
-        a.problems.append(f"HTTP 200 but the body is not a JSON object: {ex.text[:80]!r}")
+        a.problems.append(f"HTTP 200 but the body is not a JSON object: {ex.text[:40]!r}")
         return a
     if body.get("object") != "chat.completion":
         a.problems.append(f"object {body.get('object')!r}, expected 'chat.completion'")
