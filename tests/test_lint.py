@@ -67,6 +67,10 @@ def container_without_image(wt):
     del _tmpl(wt, "preflight-0")["container"]["image"]
 
 
+def hera_default_image(wt):
+    _tmpl(wt, "preflight-0")["container"]["image"] = "python:3.10"
+
+
 def mixed_depends(wt):
     _task(wt, "main", "network")["dependencies"] = ["nodes-0"]
 
@@ -105,6 +109,7 @@ MISTAKES = {
     "singular_mutex": (singular_mutex, "argo4-sync"),
     "empty_sync": (empty_sync, "empty-sync"),
     "container_without_image": (container_without_image, "image-required"),
+    "hera_default_image": (hera_default_image, "image-digest"),
     "mixed_depends": (mixed_depends, "depends-xor-dependencies"),
     "bad_task_name": (bad_task_name, "task-name"),
     "undefined_workflow_param": (undefined_workflow_param, "param-ref"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from params import ProfileError, load_profile
 from steps import STEPS, load_step
-from steps._evidence import EXIT_USAGE, UsageError
+from steps._evidence import EXIT_TRANSIENT, EXIT_USAGE, TransientError, UsageError
 
 __all__ = ["main", "build_parser"]
 
@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ProfileError, UsageError) as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TransientError as exc:
+        print(f"TransientError: {exc}", file=sys.stderr)
+        return EXIT_TRANSIENT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -180,6 +180,14 @@ def _spec_findings(name: str, spec: dict[str, Any], base: str) -> list[Finding]:
             if c is not None and not c.get("image"):
                 f.append(Finding(name, f"{tpath}.{key}.image", "image-required",
                                  f"template {tname!r} has a {key} without an image"))
+            elif c is not None and "@sha256:" not in c["image"]:
+                # also catches Hera's silent python:3.10 default for a Container without image
+                f.append(Finding(name, f"{tpath}.{key}.image", "image-digest",
+                                 f"template {tname!r} image {c['image']!r} is not pinned by digest"))
+        for ii, ic in enumerate(t.get("initContainers", []) or []):
+            if "@sha256:" not in (ic.get("image") or ""):
+                f.append(Finding(name, f"{tpath}.initContainers[{ii}].image", "image-digest",
+                                 f"init container {ic.get('name')!r} image is not pinned by digest"))
         f += _ref_findings(name, tpath, t, inputs, wparams, tasks=None)
         if "dag" in t:
             f += _dag_findings(name, tpath, t, by_name, inputs, wparams)
