@@ -1,0 +1,44 @@
+"""Kubernetes plumbing for the cluster back end: plan (manifests), execute (apply), manage (owned CRUD).
+
+- :mod:`steps._k8s.manifests`: pure builders of every object a run creates, all labelled with the run;
+- :mod:`steps._k8s.apply`: server-side apply under one field manager;
+- :mod:`steps._k8s.manager`: scale / delete / list / logs that refuse objects without the run's label;
+- :mod:`steps._k8s.rbac`: the exact rules those calls need, and the Role that grants them.
+
+The kubernetes client is imported only inside :mod:`steps._k8s.api`, which talks to the server,
+so rendering stays offline and pure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from steps._evidence import UsageError
+
+__all__ = ["RUN_LABEL", "FIELD_MANAGER", "ENGINE_LABEL", "COMPONENT_LABEL", "run_id_from", "dns_name"]
+
+RUN_LABEL = "gauntlet.dev/run"
+ENGINE_LABEL = "gauntlet.dev/engine"
+COMPONENT_LABEL = "gauntlet.dev/component"
+FIELD_MANAGER = "gauntlet"
+
+
+def run_id_from(args: argparse.Namespace) -> str:
+    """The workflow uid that labels what this run creates: --run-id, else $GAUNTLET_RUN_ID."""
+    rid = getattr(args, "run_id", None) or os.environ.get("GAUNTLET_RUN_ID")
+    if not rid:
+        raise UsageError("no run id: pass --run-id {{workflow.uid}} or set GAUNTLET_RUN_ID "
+                         "(everything a run creates is labelled with it)")
+    if not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", rid):
+        raise UsageError(f"run id {rid!r} is not a valid label value (63 chars of [A-Za-z0-9-_.])")
+    return rid
+
+
+def dns_name(*parts: str, limit: int = 52) -> str:
+    """A DNS-1035 name from parts, short enough for StatefulSet pod names and their controller-revision label."""
+    s = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    if not s or not s[0].isalpha():
+        s = "g-" + s
+    return s[:limit].rstrip("-")

@@ -1,0 +1,146 @@
+"""Gate 1, per node: GPUs, GPU health, NICs/RDMA, model cache storage, and no foreign GPU work.
+
+Runs pinned to one node (host network, so sysfs shows the host's NICs). Collects
+everything first (I/O), judges it with the pure functions of :mod:`steps._gpu`
+and :mod:`steps._sysfs`, and writes ``inventory.json`` beside the verdict: the
+network gate compares the nodes' inventories (MTU, RDMA device set, shards, bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from params.models import Profile
+from steps import _gpu, _sysfs
+from steps._evidence import Check, UsageError, write_json_atomic
+
+NAME = "nodes"
+HELP = "Gate 1 per node: GPU inventory and health probe, NICs/RDMA, NVMe model cache, no foreign GPU pods"
+NEEDS_PROFILE = True
+
+__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "judge_foreign_pods", "judge_node", "compare_nodes"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", default=None, help="Kubernetes node name (default: $NODE_NAME, else the hostname)")
+    p.add_argument("--run-id", default=None, help="this run's id (default: $GAUNTLET_RUN_ID)")
+    p.add_argument("--root", default="/", help="filesystem root holding sys/ and proc/ (default: /)")
+    p.add_argument("--cache-path", default=None,
+                   help="model cache path to inspect (default: the profile's mount_path if present, else host path)")
+    p.add_argument("--no-probe", action="store_true", help="skip the torch GPU health probe")
+    p.add_argument("--no-api", action="store_true",
+                   help="skip the Kubernetes pod check (reported as skipped): e.g. on a lone GPU machine")
+
+
+def judge_foreign_pods(pods: list[dict[str, Any]], run_id: str | None, node: str) -> Check:
+    """Pods asking for GPUs on this node that are not this run's: reported by name, never touched."""
+    foreign = [p for p in pods if run_id is None or p.get("run") != run_id]
+    names = [f"{p['namespace']}/{p['name']} ({p['gpus']} GPU)" for p in foreign]
+    return Check("no_foreign_gpu_pods", "fail" if foreign else "pass", [], names,
+                 f"other GPU work on {node}: {', '.join(names)}; free the node (gauntlet leaves them alone)"
+                 if foreign else f"no pod outside this run requests nvidia.com/gpu on {node}")
+
+
+def judge_node(profile: Profile, inv: _gpu.GpuInventory, probe: list[_gpu.ProbeResult] | None,
+               nics: list[_sysfs.Nic], rdma: list[_sysfs.RdmaPort], storage: _sysfs.Storage,
+               nvml: _gpu.GpuInventory | None = None, node_ifname: str | None = None) -> list[Check]:
+    """Every per-node check, pure over what was collected."""
+    hw = profile.hardware
+    checks = _gpu.judge_inventory(inv, hw, nvml)
+    if probe is not None:
+        checks += _gpu.judge_probe(probe, hw.gpu_probe)
+    checks += _sysfs.judge_network(nics, rdma, hw, node_ifname)
+    checks += _sysfs.judge_storage(storage, hw, profile.model)
+    return checks
+
+
+def compare_nodes(inventories: list[dict[str, Any]]) -> list[Check]:
+    """Both (all) nodes must agree: GPU count and model, driver, RDMA device set, MTU of the RDMA/socket
+    interfaces, and the cache's shard count and bytes. Input: each node's ``inventory.json``."""
+    if len(inventories) < 2:
+        return [Check("nodes_agree", "skip", None, len(inventories), "fewer than two node inventories to compare")]
+
+    def facts(inv: dict[str, Any]) -> dict[str, Any]:
+        gpus = inv.get("gpus", {}).get("gpus", [])
+        active = [p for p in inv.get("rdma", []) if p.get("state") == "ACTIVE"]
+        look = sorted({p["netdev"] for p in active if p.get("netdev")} or {inv.get("socket_ifname")} - {None})
+        mtus = {n["name"]: n["mtu"] for n in inv.get("nics", [])}
+        st = inv.get("storage", {})
+        return {
+            "gpus": (len(gpus), sorted({g.get("name") for g in gpus})),
+            "driver": inv.get("gpus", {}).get("driver"),
+            "rdma_devices": sorted(f"{p['device']}/{p['port']}" for p in active),
+            "mtu": sorted({mtus.get(n) for n in look}, key=str),
+            "cache": (st.get("shards"), st.get("shard_bytes"), st.get("marker")),
+        }
+    per = {inv.get("node", f"node-{i}"): facts(inv) for i, inv in enumerate(inventories)}
+    checks = []
+    for key, label in (("gpus", "GPU count and model"), ("driver", "driver"), ("rdma_devices", "RDMA device set"),
+                       ("mtu", "MTU"), ("cache", "cache shards, bytes, marker")):
+        seen = {n: f[key] for n, f in per.items()}
+        same = len({repr(v) for v in seen.values()}) == 1
+        checks.append(Check(f"nodes_agree_{key}", "pass" if same else "fail", "identical on every node", seen,
+                            f"{label} identical on {len(seen)} nodes" if same else f"nodes differ in {label}: {seen}"))
+    return checks
+
+
+def _cache_path(profile: Profile, args: argparse.Namespace, root: Path) -> str:
+    if args.cache_path:
+        return args.cache_path
+    m = profile.model
+    return m.mount_path if (root / m.mount_path.lstrip("/")).is_dir() else m.host_cache_path
+
+
+def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile: Profile = args.profile_obj
+    node = args.node or os.environ.get("NODE_NAME") or socket.gethostname()
+    known = {n.name: n for n in profile.hardware.nodes}
+    if known and node not in known:
+        raise UsageError(f"--node {node}: not a node of profile {profile.name} (has {', '.join(known)})")
+    root = Path(args.root)
+    raw: dict[str, str] = {}
+    try:
+        inv = _gpu.collect_inventory(raw)
+    except (RuntimeError, OSError) as exc:
+        inv = _gpu.GpuInventory((), source=f"none: {exc}")
+    nvml = _gpu.inventory_from_nvml()
+    for name, text in raw.items():
+        (out / name).write_text(text)
+    probe = None if args.no_probe else _gpu.probe_gpus(profile.hardware.gpu_probe)
+    nics, rdma = _sysfs.read_nics(root), _sysfs.read_rdma(root)
+    storage = _sysfs.read_storage(root, _cache_path(profile, args, root), profile.model.marker)
+    ifname = known[node].rdma_ifname if node in known else None
+    checks = judge_node(profile, inv, probe, nics, rdma, storage, nvml, ifname)
+
+    run_id = getattr(args, "run_id", None) or os.environ.get("GAUNTLET_RUN_ID")
+    pods: list[dict[str, Any]] | None = None
+    if args.no_api:
+        checks.append(Check("no_foreign_gpu_pods", "skip", [], None, "--no-api: the Kubernetes pod list was not read"))
+    else:
+        from steps._k8s.api import connect
+        from steps._k8s.manager import node_gpu_pods
+        pods = node_gpu_pods(connect(), node)
+        checks.append(judge_foreign_pods(pods, run_id, node))
+
+    socket_if = _sysfs.choose_socket_ifname(nics, rdma, ifname or profile.hardware.network.socket_ifname)
+    inventory = {
+        "node": node, "gpus": inv.to_dict(), "nvml": nvml.to_dict() if nvml else None,
+        "probe": [asdict(p) for p in probe] if probe is not None else None,
+        "nics": [asdict(n) for n in nics], "rdma": [asdict(p) for p in rdma],
+        "socket_ifname": socket_if, "storage": storage.to_dict(), "gpu_pods": pods,
+    }
+    write_json_atomic(out / "inventory.json", inventory)
+    ok = [p for p in probe or [] if not p.error]
+    metrics = {
+        "node": node, "gpu_count": len(inv.gpus), "driver": inv.driver, "cuda": inv.cuda,
+        "socket_ifname": socket_if,
+        "copy_tbps_min": min((p.copy_tbps for p in ok), default=None),
+        "bf16_tflops_min": min((p.bf16_tflops for p in ok), default=None),
+        "outputs": {"socket_ifname": socket_if or ""},
+    }
+    return checks, metrics
