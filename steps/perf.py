@@ -1,0 +1,255 @@
+"""Gate 4: the profile's benchmark matrix with the pinned client, warmup + N rounds per case.
+
+Each case: one warmup (its own seed, so it never pre-fills a cache with the
+measured prompts), then ``bench.rounds`` rounds of the same seeded request set.
+A round counts only if ``completed == num_prompts`` and ``failed == 0``; the
+case table is the median of the rounds with min/max and IQR, never the best.
+Every round goes to the results store with the run's metadata.
+
+A case that others depend on (``requires_stable``) unlocks them through the
+output parameter ``unlock_<case>``: true only when it was stable (all rounds
+valid, output-throughput spread <= ``bench.spread_max_rel``) and the memory
+headroom at its peak was >= the dependant's ``headroom_min``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from params.models import BenchCase, EngineSpec, Profile
+from steps._bench import LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, parse_result, run_client
+from steps._evidence import Check, UsageError, write_json_atomic
+from steps._sampler import Sampler
+from steps._stats import Stability, round_validity, stability, summarize
+from workflows.graph import param_name
+
+NAME = "perf"
+HELP = "Gate 4: benchmark matrix (vllm bench serve), warmup + rounds, median and spread, results store"
+NEEDS_PROFILE = True
+
+__all__ = ["CaseResult", "measure_case", "case_table", "unlocks", "bench_options", "run", "TABLE_METRICS"]
+
+TABLE_METRICS = (*THROUGHPUT_METRICS, *LATENCY_METRICS, "success_rate")
+WARMUP_SEED_OFFSET = 1000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", required=True)
+    p.add_argument("--endpoint", required=True, help="engine base URL, e.g. http://127.0.0.1:8765")
+    p.add_argument("--cases", required=True, help="comma-separated case names from profile.bench.cases")
+    bench_options(p)
+
+
+def bench_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by every step that runs the bench client (perf, experiment)."""
+    p.add_argument("--results-uri", default=None, help="results store (default: $GAUNTLET_RESULTS_URI or profile)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer path (default: the model's mount or cache path)")
+    p.add_argument("--bench-python", default=None,
+                   help="run the client as a subprocess of this Python (default: in-process when vLLM is importable)")
+    p.add_argument("--sample-interval", type=float, default=1.0, help="seconds between resource samples")
+    p.add_argument("--no-store", action="store_true", help="do not append rounds to the results store")
+
+
+@dataclass
+class CaseResult:
+    case: str
+    concurrency: int
+    input_len: int
+    output_len: int
+    num_prompts: int
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    warmup: dict[str, Any] | None = None
+    stability: Stability | None = None
+    headroom: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["table"] = case_table(self.rounds)
+        return d
+
+
+def case_table(rounds: list[dict[str, Any]], metrics: tuple[str, ...] = TABLE_METRICS) -> dict[str, Any]:
+    """metric -> summary (median, min, max, q1, q3, iqr, spread_rel) over the valid rounds (pure)."""
+    valid = [r for r in rounds if r.get("valid")]
+    return {m: summarize(r.get(m) for r in valid).to_dict() for m in metrics}
+
+
+def tokenizer_for(profile: Profile, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    for base in (profile.model.mount_path, profile.model.host_cache_path):
+        if (Path(base) / "tokenizer_config.json").is_file():
+            return str(Path(base).resolve())
+    raise UsageError(f"no tokenizer at {profile.model.mount_path} or {profile.model.host_cache_path}; "
+                     "prepare the model or pass --tokenizer PATH")
+
+
+def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer: str, out: Path,
+                 meta: dict[str, Any], bench_python: str | None = None, sample_interval: float = 1.0,
+                 prefix_len: int = 0, seeds: list[int] | None = None, phase_tag: str = "",
+                 warmup: bool = True) -> CaseResult:
+    """Warmup then ``bench.rounds`` rounds of one case; each round parsed, judged and sampled."""
+    b = profile.bench
+    n = case.num_prompts or b.prompts_per_concurrency * case.concurrency
+    seeds = seeds or [b.seed] * b.rounds
+    res = CaseResult(case.name, case.concurrency, case.input_len, case.output_len, n)
+    raw = Path(out) / "raw"
+    tag = f"{case.name}{'-' + phase_tag if phase_tag else ''}"
+
+    def one(label: str, seed: int, num: int) -> dict[str, Any]:
+        req = BenchRequest(endpoint, profile.model.served_name, tokenizer, case.input_len - prefix_len,
+                           case.output_len, case.concurrency, num, seed, raw / f"{tag}-{label}.json",
+                           prefix_len=prefix_len)
+        t0 = time.perf_counter()
+        with Sampler(endpoint, interval_s=sample_interval) as s:
+            run = run_client(req, python=bench_python)
+        rec = parse_result(run.result, num)
+        ok, why = round_validity(rec, num)
+        res_s = s.summary()
+        # wall_s: the whole wrapped round (sampler, client, parsing) against the client's own time
+        rec.update(valid=ok, invalid_reason=None if ok else why, client_s=run.client_s,
+                   wall_s=time.perf_counter() - t0,
+                   client_mode=run.mode, seed=seed, resources=res_s, headroom=res_s["headroom"])
+        return rec
+
+    if warmup and b.warmup_prompts > 0:
+        res.warmup = one("warmup", b.seed + WARMUP_SEED_OFFSET, b.warmup_prompts)
+    for i, seed in enumerate(seeds, start=1):
+        rec = one(f"round{i}", seed, n)
+        rec["round"] = i
+        res.rounds.append(rec)
+    res.stability = stability(res.rounds, b.spread_max_rel, b.rounds)
+    heads = [r["headroom"] for r in res.rounds if r.get("headroom") is not None]
+    res.headroom = min(heads) if heads else None
+    return res
+
+
+def store_rows(results: list[CaseResult], meta: dict[str, Any], phase: str = "measure",
+               prefix_len: int = 0) -> list[dict[str, Any]]:
+    rows = []
+    for cr in results:
+        for rec in cr.rounds:
+            r = {**meta, **{k: v for k, v in rec.items() if k != "resources"}}
+            res = rec.get("resources") or {}
+            r.update(case=cr.case, input_len=cr.input_len, output_len=cr.output_len, concurrency=cr.concurrency,
+                     prefix_len=prefix_len, phase=phase,
+                     cpu_util_mean=res.get("cpu_util_mean"), gpu_util_mean=res.get("gpu_util_mean"),
+                     gpu_mem_used_frac_max=res.get("gpu_mem_used_frac_max"),
+                     gpu_power_w_max=res.get("gpu_power_w_max"),
+                     engine_rss_bytes_max=res.get("engine_tree_rss_bytes_max") or res.get("engine_engine_rss_bytes_max"),
+                     engine_kv_usage_max=res.get("engine_kv_usage_max"),
+                     engine_running_max=res.get("engine_running_max"),
+                     engine_waiting_max=res.get("engine_waiting_max"),
+                     prefix_cache_hit_rate=res.get("prefix_cache_hit_rate"),
+                     net_rx_bytes=res.get("net_rx_bytes"), net_tx_bytes=res.get("net_tx_bytes"))
+            rows.append(r)
+    return rows
+
+
+def unlocks(profile: Profile, results: dict[str, CaseResult]) -> dict[str, tuple[bool, str]]:
+    """For every case gated on another: (unlocked, why). A requirement not measured here does not unlock."""
+    out = {}
+    for c in profile.bench.cases:
+        if c.requires_stable is None:
+            continue
+        req = results.get(c.requires_stable)
+        if req is None or req.stability is None:
+            out[c.name] = (False, f"{c.requires_stable} was not measured in this step")
+            continue
+        if not req.stability.stable:
+            out[c.name] = (False, f"{c.requires_stable} unstable: {req.stability.reason}")
+            continue
+        need = c.headroom_min or 0.0
+        if req.headroom is None:
+            ok = need <= 0
+            out[c.name] = (ok, f"{c.requires_stable} stable; memory headroom unknown (no KV/GPU/host reading)")
+            continue
+        if req.headroom < need:
+            out[c.name] = (False, f"{c.requires_stable} stable but headroom {req.headroom:.1%} < {need:.0%}")
+            continue
+        out[c.name] = (True, f"{c.requires_stable} stable ({req.stability.reason}), headroom "
+                             f"{req.headroom:.1%} >= {need:.0%}")
+    return out
+
+
+def case_checks(cr: CaseResult, spread_max: float) -> list[Check]:
+    checks = []
+    bad = [r for r in cr.rounds if not r["valid"]]
+    checks.append(Check(f"{cr.case}/rounds-valid", "fail" if bad else "pass", f"{len(cr.rounds)} valid rounds",
+                        f"{len(cr.rounds) - len(bad)} valid",
+                        "; ".join(f"round {r['round']}: {r['invalid_reason']}" for r in bad) or
+                        f"every round completed {cr.num_prompts}/{cr.num_prompts} with 0 failed"))
+    st = cr.stability
+    t = case_table(cr.rounds)["output_throughput"]
+    med = f"median {t['median']:.2f} tok/s (min {t['min']:.2f}, max {t['max']:.2f})" if t["median"] else "no data"
+    # an unstable case is a finding, not a broken gate: it only keeps its dependants from running
+    checks.append(Check(f"{cr.case}/stable", "pass" if st and st.stable else "skip", f"spread <= {spread_max:.0%}",
+                        None if st is None or st.spread_rel is None else round(st.spread_rel, 4),
+                        f"{med}; {st.reason if st else 'not judged'}"))
+    return checks
+
+
+def results_uri(args: argparse.Namespace) -> str:
+    return args.results_uri or os.environ.get("GAUNTLET_RESULTS_URI") or args.profile_obj.results_uri
+
+
+def selected_cases(profile: Profile, names: str) -> list[BenchCase]:
+    by = {c.name: c for c in profile.bench.cases}
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in by]
+    if unknown or not wanted:
+        raise UsageError(f"--cases {names!r}: unknown {unknown or 'none given'}; profile has {', '.join(by)}")
+    return [by[n] for n in wanted]
+
+
+def run_matrix(args: argparse.Namespace, out: Path, cases: list[BenchCase], spec: EngineSpec, experiment: str,
+               *, prefix_len: int = 0, seeds: list[int] | None = None, phase_tag: str = "",
+               phase: str = "measure") -> tuple[dict[str, CaseResult], list[dict[str, Any]]]:
+    """Measure ``cases`` and append their rounds to the store; returns results and store rows."""
+    from steps._runmeta import run_meta
+
+    profile = args.profile_obj
+    meta = run_meta(out, profile, args.engine, spec=spec, experiment=experiment)
+    tok = tokenizer_for(profile, args.tokenizer)
+    results = {}
+    for c in cases:
+        results[c.name] = measure_case(c, profile, endpoint=args.endpoint, tokenizer=tok, out=out, meta=meta,
+                                       bench_python=args.bench_python, sample_interval=args.sample_interval,
+                                       prefix_len=prefix_len, seeds=seeds, phase_tag=phase_tag)
+    rows = store_rows(list(results.values()), meta, phase=phase, prefix_len=prefix_len)
+    if not getattr(args, "no_store", False):
+        from steps.results import append_rounds
+        append_rounds(rows, results_uri(args))
+    return results, rows
+
+
+def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile: Profile = args.profile_obj
+    if args.engine not in profile.engines:
+        raise UsageError(f"--engine {args.engine}: not in profile {profile.name}")
+    cases = selected_cases(profile, args.cases)
+    results, rows = run_matrix(args, out, cases, profile.engines[args.engine], "baseline")
+    checks: list[Check] = []
+    for cr in results.values():
+        checks += case_checks(cr, profile.bench.spread_max_rel)
+    outputs: dict[str, Any] = {}
+    for name, (ok, why) in unlocks(profile, results).items():
+        outputs[f"unlock_{param_name(name)}"] = ok
+        if any(c.name == next(x.requires_stable for x in profile.bench.cases if x.name == name) for c in cases):
+            checks.append(Check(f"unlock/{name}", "pass" if ok else "skip", "stable and headroom", ok, why))
+    overhead = [(r["wall_s"] - r["client_s"]) / r["client_s"] for cr in results.values() for r in cr.rounds
+                if r.get("client_s")]
+    write_json_atomic(out / "rounds.json", rows)
+    metrics = {
+        "engine": args.engine, "outputs": outputs, "run_id": rows[0]["run_id"] if rows else None,
+        "meta": {k: rows[0][k] for k in ("image", "image_digest", "args_hash", "model_fingerprint", "git_rev",
+                                         "topology", "context_length", "client", "client_version")} if rows else {},
+        "cases": {n: cr.to_dict() for n, cr in results.items()},
+        "wrapper_overhead_rel_max": max(overhead) if overhead else None,
+    }
+    return checks, metrics
