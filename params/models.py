@@ -116,6 +116,8 @@ class Architecture(Strict):
     num_hidden_layers: int | None = None
     layer_kinds: dict[str, int] | None = Field(
         None, description="per-layer attention kind counts, e.g. {kda: 45, mla: 15}")
+    layer_kind_aliases: dict[str, str] = Field(
+        {}, description="config.json kind name -> the profile's name, e.g. {full_attn: mla} (steps/_config_checks.py)")
     max_position_embeddings: int | None = None
     moe: MoESpec = MoESpec()
     quantization: QuantSpec = QuantSpec()
