@@ -223,10 +223,14 @@ class BenchSpec(Strict):
 
 
 class Rung(Strict):
-    tokens: int
+    """One long-context rung (Gate 5; semantics in steps/longctx.py's docstring)."""
+
+    tokens: int = Field(description="prompt + answer fill this many tokens")
     probe: bool = False
-    requires_all_lower: bool = False
-    expect: Literal["pass", "fail", "refused"] = "pass"
+    requires_all_lower: bool = Field(False, description="its own task, run only when every lower rung passed")
+    expect: Literal["pass", "fail", "refused"] = Field(
+        "pass", description="pass: must find the needle; fail: a known capability limit (a miss is recorded "
+        "'beyond capability (known)', not a failure); refused: over the engine's max length, must be a 4xx")
 
 
 class LongContextSpec(Strict):

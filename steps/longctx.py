@@ -1,0 +1,297 @@
+"""Gate 5: the long-context ladder, one rung at a time, stopping at the first rung that does not pass.
+
+A rung of N tokens is a needle-in-a-haystack chat request whose prompt plus
+answer fills N tokens (counted with the engine's own ``/tokenize`` where it
+has one), sent once per needle depth at concurrency 1; the answer must contain
+the passcode and be sane (no repetition, NaN or garbage: Gate 3's judge).
+
+Each rung's outcome is ``passed``, ``missed`` (needle not found or insane
+text), ``refused`` (the engine answered 4xx: the prompt is over its max
+length) or ``error`` (5xx, no response, timeout: a crash). The profile says
+what each rung should do (``Rung.expect``):
+
+- ``pass``: anything but ``passed`` fails the gate;
+- ``fail``: a *known* capability limit (SmolLM2 misses the needle at ~4.9K
+  tokens): ``missed``/``refused`` are recorded as "beyond capability (known)"
+  and pass; ``passed`` also passes, with a note to raise the expectation;
+- ``refused``: over the engine's max length: a 4xx is "beyond capability:
+  refused by the engine" and passes; a 200 or a crash fails.
+
+Whatever the expectation, the ladder stops after the first rung that did not
+pass (higher rungs are recorded "not run"), so a 1M request never follows a
+miss, and ``unlock_all_lower`` (the gate for ``requires_all_lower`` rungs) is
+true only when every rung this step ran passed. vLLM rungs at or above
+``longctx_blocked_from_tokens`` are refused before sending (skipped with the
+reason) unless the image lists ``longctx_fix`` in ``fixes``. Ladder results
+never enter the throughput tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from params.models import EngineSpec, Profile, Rung
+from steps._answers import sanity_problems
+from steps._evidence import Check, TransientError, UsageError, write_json_atomic
+
+NAME = "longctx"
+HELP = "Gate 5: long-context ladder (needle in a haystack at several depths), stop at the first failure"
+NEEDS_PROFILE = True
+
+__all__ = ["RungResult", "build_haystack", "judge_answer", "rung_outcome", "judge_rung", "blocked_reason",
+           "run_ladder", "run"]
+
+_WORDS = ("river mountain window garden copper lantern harbor meadow violet engine quiet silver market "
+          "thunder pocket ribbon canyon marble pepper saddle timber velvet walnut anchor bridge candle desert "
+          "feather glacier island jungle kettle ladder mirror needle orchard pillow quartz rocket shadow "
+          "tunnel umbrella valley wagon yellow zipper autumn basket circle dolphin ember forest granite").split()
+QUESTION = "What is the secret passcode mentioned in the text above? Reply with the passcode only."
+ANSWER_MARGIN_TOKENS = 16       # chat template / special tokens the count may miss
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", required=True)
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--rungs", required=True, help="comma-separated rung sizes (tokens) from profile.longctx.ladder")
+
+
+@dataclass
+class Probe:
+    depth: float
+    passcode: str
+    prompt_tokens: int | None = None
+    status: int | None = None
+    found: bool = False
+    problems: list[str] = field(default_factory=list)
+    answer: str = ""
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class RungResult:
+    tokens: int
+    expect: str
+    outcome: str                    # passed | missed | refused | error | blocked | not-run
+    status: str = "skip"            # the check's status
+    label: str = ""                 # what a person reads in the ladder table
+    detail: str = ""
+    probes: list[Probe] = field(default_factory=list)
+
+
+def passcode_for(tokens: int, depth: float) -> str:
+    rng = random.Random(tokens * 1000 + int(depth * 100))
+    return f"{rng.randint(1000, 9999)}-{rng.choice(['ALPHA', 'BRAVO', 'DELTA', 'ECHO', 'KILO', 'OSCAR'])}"
+
+
+def _sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = rng.sample(_WORDS, 9)
+        out.append(f"The {words[0]} near the {words[1]} held a {words[2]} {words[3]} and a {words[4]} "
+                   f"{words[5]} while the {words[6]} {words[7]} watched the {words[8]}.")
+    return out
+
+
+def build_haystack(n_sentences: int, depth: float, passcode: str) -> str:
+    """Filler with the needle after ``depth`` of the sentences, then the question (pure)."""
+    s = _sentences(n_sentences)
+    at = min(len(s), max(0, round(depth * len(s))))
+    s.insert(at, f"Remember this: the secret passcode is {passcode}.")
+    return " ".join(s) + "\n\n" + QUESTION
+
+
+def judge_answer(text: str | None, finish_reason: str | None, passcode: str) -> tuple[bool, list[str]]:
+    """(needle found, sanity problems) for one answer (pure)."""
+    problems = sanity_problems(text, finish_reason, allowed_finish=("stop", "length"))
+    found = passcode.split("-")[0] in (text or "") and passcode.split("-")[1].lower() in (text or "").lower()
+    return found and not problems, problems
+
+
+def rung_outcome(probes: list[Probe]) -> str:
+    if any(p.status is not None and 400 <= p.status < 500 for p in probes):
+        return "refused"
+    if any(p.status is None or p.status >= 500 for p in probes):
+        return "error"
+    return "passed" if all(p.found for p in probes) else "missed"
+
+
+def judge_rung(rung: Rung, outcome: str, probes: list[Probe]) -> tuple[str, str, str]:
+    """(check status, label, detail) for a rung's outcome against its expectation (pure)."""
+    n = rung.tokens
+    missed = [f"{p.depth:.0%}" for p in probes if not p.found]
+    why = "; ".join(sorted({x for p in probes for x in p.problems}))[:200]
+    err = next((p.error or f"HTTP {p.status}" for p in probes if p.status is None or (p.status or 0) >= 400), "")
+    if outcome == "error":
+        return "fail", "crash", f"{n} tokens: engine error ({err}), not a clean refusal"
+    if rung.expect == "pass":
+        if outcome == "passed":
+            return "pass", "passed", f"needle found at every depth ({len(probes)}) at {n} tokens"
+        if outcome == "refused":
+            return "fail", "refused", f"{n} tokens refused ({err}) where the profile expects a pass"
+        return "fail", "missed", f"needle missed at depth {', '.join(missed)} at {n} tokens" + (
+            f" ({why})" if why else "")
+    if rung.expect == "fail":
+        if outcome == "passed":
+            return "pass", "passed", (f"passed at {n} tokens, beyond the known capability: "
+                                      "raise this rung's expect to pass")
+        label = "beyond capability (known)"
+        what = f"refused ({err})" if outcome == "refused" else f"missed at depth {', '.join(missed)}"
+        return "pass", label, f"{n} tokens {what}, as the profile records (expect: fail)"
+    # expect refused
+    if outcome == "refused":
+        return "pass", "beyond capability (refused)", f"{n} tokens refused by the engine with {err}, as expected"
+    return "fail", "accepted", f"{n} tokens answered HTTP 200 where the engine should refuse (over its max length)"
+
+
+def blocked_reason(engine: str, spec: EngineSpec, tokens: int, fixes: list[str]) -> str | None:
+    """Why this rung is refused before sending, or None (pure)."""
+    limit = spec.longctx_blocked_from_tokens
+    if engine != "vllm" or limit is None or tokens < limit:
+        return None
+    if spec.longctx_fix and spec.longctx_fix in fixes:
+        return None
+    return (f"vLLM rungs >= {limit} tokens are refused until the image lists fix "
+            f"{spec.longctx_fix!r} in images/engines.yaml (known long-context defect)")
+
+
+class _Client:
+    def __init__(self, endpoint: str, model: str, timeout_s: float):
+        self.base = endpoint.rstrip("/")
+        self.model = model
+        self.http = httpx.Client(timeout=timeout_s)
+        self.tokenize_ok = True
+
+    def count(self, content: str) -> int | None:
+        if not self.tokenize_ok:
+            return None
+        try:
+            r = self.http.post(f"{self.base}/tokenize", json={"model": self.model, "messages": [
+                {"role": "user", "content": content}], "add_generation_prompt": True})
+        except httpx.HTTPError:
+            self.tokenize_ok = False
+            return None
+        if r.status_code != 200 or "count" not in r.json():
+            self.tokenize_ok = False
+            return None
+        return int(r.json()["count"])
+
+    def chat(self, content: str, max_tokens: int) -> tuple[int | None, Any, str | None, float]:
+        t0 = time.perf_counter()
+        try:
+            r = self.http.post(f"{self.base}/v1/chat/completions", json={
+                "model": self.model, "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens, "temperature": 0})
+        except httpx.HTTPError as exc:
+            return None, None, f"{type(exc).__name__}: {exc}"[:200], time.perf_counter() - t0
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        return r.status_code, body, None, time.perf_counter() - t0
+
+
+def _fit(client: _Client, target: int, depth: float, passcode: str) -> tuple[str, int | None]:
+    """The haystack closest to (not over) ``target`` prompt tokens."""
+    per = None
+    probe_n = 50
+    c = client.count(build_haystack(probe_n, depth, passcode))
+    if c:
+        base = client.count(build_haystack(0, depth, passcode)) or 0
+        per = max(1e-6, (c - base) / probe_n)
+        n = max(0, int((target - base) / per))
+    else:  # no /tokenize: about 1.3 tokens per word, 18 words a sentence
+        n = max(0, int(target / 24))
+    text = build_haystack(n, depth, passcode)
+    got = client.count(text)
+    while got is not None and got > target and n > 0:
+        n = max(0, n - max(1, int((got - target) / (per or 24)) + 1))
+        text = build_haystack(n, depth, passcode)
+        got = client.count(text)
+    return text, got
+
+
+def run_rung(client: _Client, rung: Rung, depths: list[float], max_tokens: int) -> RungResult:
+    target = rung.tokens - max_tokens - ANSWER_MARGIN_TOKENS
+    probes = []
+    for d in depths:
+        code = passcode_for(rung.tokens, d)
+        text, counted = _fit(client, target, d, code)
+        status, body, err, secs = client.chat(text, max_tokens)
+        p = Probe(d, code, counted, status, error=err, seconds=round(secs, 2))
+        if status == 200 and isinstance(body, dict):
+            choice = (body.get("choices") or [{}])[0]
+            content = (choice.get("message") or {}).get("content") or ""
+            p.answer = content[:300]
+            p.prompt_tokens = (body.get("usage") or {}).get("prompt_tokens", counted)
+            p.found, p.problems = judge_answer(content, choice.get("finish_reason"), code)
+        elif status is not None:
+            msg = (body or {}).get("error", {}) if isinstance(body, dict) else {}
+            p.error = f"HTTP {status}: {(msg.get('message') if isinstance(msg, dict) else msg) or ''}"[:200]
+        probes.append(p)
+        if status is None or status >= 400:
+            break  # a refusal or crash says the same at every depth
+    outcome = rung_outcome(probes)
+    status, label, detail = judge_rung(rung, outcome, probes)
+    return RungResult(rung.tokens, rung.expect, outcome, status, label, detail, probes)
+
+
+def run_ladder(rungs: list[Rung], send, blocked) -> list[RungResult]:
+    """Walk the rungs in order; stop after the first one that did not pass (pure control flow)."""
+    results: list[RungResult] = []
+    stopped_at: int | None = None
+    for r in sorted(rungs, key=lambda x: x.tokens):
+        if stopped_at is not None:
+            results.append(RungResult(r.tokens, r.expect, "not-run", "skip", "not run",
+                                      f"not run: the ladder stopped at {stopped_at} tokens"))
+            continue
+        why = blocked(r)
+        if why:
+            results.append(RungResult(r.tokens, r.expect, "blocked", "skip", "refused (known defect)", why))
+            stopped_at = r.tokens
+            continue
+        res = send(r)
+        results.append(res)
+        if res.outcome != "passed":
+            stopped_at = r.tokens
+    return results
+
+
+def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    from params import load_images
+
+    profile: Profile = args.profile_obj
+    if args.engine not in profile.engines:
+        raise UsageError(f"--engine {args.engine}: not in profile {profile.name}")
+    spec = profile.engines[args.engine]
+    ladder = {r.tokens: r for r in profile.longctx.ladder}
+    try:
+        wanted = [int(x) for x in args.rungs.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--rungs {args.rungs!r}: comma-separated token counts") from None
+    unknown = [w for w in wanted if w not in ladder]
+    if unknown or not wanted:
+        raise UsageError(f"--rungs {args.rungs!r}: not in the ladder {sorted(ladder)}: {unknown}")
+    image = load_images().get(spec.image)
+    fixes = list(image.fixes) if image else []
+    lc = profile.longctx
+    client = _Client(args.endpoint, profile.model.served_name, lc.timeout_s)
+    try:
+        client.http.get(f"{client.base}/v1/models", timeout=30).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise TransientError(f"engine at {args.endpoint} not answering: {exc}") from None
+    results = run_ladder([ladder[w] for w in wanted], lambda r: run_rung(client, r, lc.needle_depths, lc.max_tokens),
+                         lambda r: blocked_reason(args.engine, spec, r.tokens, fixes))
+    checks = [Check(f"rung-{r.tokens}", r.status, f"expect {r.expect}", r.label, r.detail) for r in results]
+    all_passed = all(r.outcome == "passed" for r in results)
+    doc = {"engine": args.engine, "rungs": [asdict(r) for r in results]}
+    write_json_atomic(out / "ladder.json", doc)
+    return checks, {"outputs": {"unlock_all_lower": all_passed}, "ladder": doc["rungs"], "engine": args.engine}
