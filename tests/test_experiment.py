@@ -1,0 +1,66 @@
+"""Gate 6: variant validation, the comparison against the baseline, the verdict."""
+
+import pytest
+from pydantic import ValidationError
+
+from params import load_profile
+from params.models import Variant
+from steps.engine_cmd import apply_change
+from steps.experiment import args_diff, baseline_cases, compare, one_change_problems, verdict
+
+
+def test_model_rejects_two_changes_at_once():
+    with pytest.raises(ValidationError, match="exactly one variable"):
+        Variant(name="two", change={"prefix_cache": True, "tp_size": 2})
+
+
+def test_deployed_spec_must_differ_in_exactly_one_variable():
+    spec = load_profile("local-cpu").engines["vllm"]
+    one = apply_change(spec, {"prefix_cache": True})
+    assert one_change_problems(spec.args, one.args) == []
+    assert args_diff(spec.args, one.args) == {"prefix_cache": (False, True)}
+    two = apply_change(one, {"max_running_requests": 2})
+    assert "changes 2 variables" in one_change_problems(spec.args, two.args)[0]
+    assert "nothing to compare" in one_change_problems(spec.args, spec.args)[0]
+
+
+def test_speculative_change_is_one_variable():
+    spec = load_profile("local-cpu").engines["vllm"]
+    v = apply_change(spec, {"speculative": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}})
+    assert list(args_diff(spec.args, v.args)) == ["speculative"]
+
+
+def _t(tput, p99, spread=0.02):
+    return {"output_throughput": {"median": tput, "spread_rel": spread},
+            "p99_ttft_ms": {"median": p99, "spread_rel": spread}, "p99_e2el_ms": {"median": p99 * 5, "spread_rel": spread}}
+
+
+@pytest.mark.parametrize("var,decision,why", [
+    (_t(120, 300), "adopt variant", "throughput better"),
+    (_t(101, 300), "keep baseline", "not better beyond noise"),
+    (_t(130, 400), "keep baseline", "worse P99"),
+    (_t(80, 200), "keep baseline", "not better"),
+])
+def test_verdict(var, decision, why):
+    rows = compare({"c2": _t(100, 300)}, {"c2": var})
+    d, reason = verdict(rows)
+    assert d == decision and why in reason
+
+
+def test_noise_widens_with_spread():
+    rows = compare({"c2": _t(100, 300, spread=0.4)}, {"c2": _t(115, 300)})
+    assert rows[0]["output_throughput"]["noise_rel"] == pytest.approx(0.2)
+    assert verdict(rows)[0] == "keep baseline"
+
+
+def test_no_common_case_keeps_baseline():
+    assert verdict(compare({"a": _t(1, 1)}, {"b": _t(2, 1)}))[0] == "keep baseline"
+
+
+def test_baseline_cases_read_from_perf_evidence(tmp_path):
+    import json
+    (tmp_path / "perf").mkdir()
+    (tmp_path / "perf-c4").mkdir()
+    (tmp_path / "perf" / "verdict.json").write_text(json.dumps({"metrics": {"cases": {"c2": {"table": {}}}}}))
+    (tmp_path / "perf-c4" / "verdict.json").write_text(json.dumps({"metrics": {"cases": {"c4": {"table": {}}}}}))
+    assert sorted(baseline_cases(tmp_path / "perf")) == ["c2", "c4"]
