@@ -1,0 +1,67 @@
+"""The completion marker (``.aik8s-complete``) and its manifest.
+
+Format (JSON, written last and atomically by whoever finished the directory)::
+
+    {"revision": "<commit or null>", "files": {"<relpath>": <size in bytes>, ...}, "created": "<ISO 8601>"}
+
+``files`` lists every regular file under the model directory except the marker
+itself and the sync tool's checksum files (evidence, not model). A marker that
+is empty or plain text (an older sync tool) means "complete, no manifest".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from steps._evidence import now_iso, write_json_atomic
+from steps._shards import PARTIAL_SUFFIX, walk_entries
+
+__all__ = ["DEFAULT_MARKER", "CHECKSUM_FILES", "CHECKSUM_SUFFIXES", "is_checksum_file", "build_manifest",
+           "write_marker", "parse_marker"]
+
+DEFAULT_MARKER = ".aik8s-complete"
+# object-level checksum files a sync tool may leave beside the model; attached as evidence, never recomputed
+CHECKSUM_FILES = (".aik8s-checksums.json", "checksums.json", "MD5SUMS", "SHA256SUMS", "md5sum.txt")
+CHECKSUM_SUFFIXES = (".md5", ".sha256")
+
+
+def is_checksum_file(relpath: str) -> bool:
+    name = relpath.rsplit("/", 1)[-1]
+    return name in CHECKSUM_FILES or name.endswith(CHECKSUM_SUFFIXES)
+
+
+def build_manifest(model_dir: Path, marker: str = DEFAULT_MARKER) -> dict[str, int]:
+    """{relpath: size} of the regular files the marker vouches for."""
+    entries, errors = walk_entries(Path(model_dir))
+    if errors:
+        raise OSError(f"cannot list {model_dir}: {errors[0]}")
+    return {rel: e["size"] for rel, e in sorted(entries.items())
+            if e["type"] == "file" and rel != marker and not is_checksum_file(rel)
+            and not rel.endswith(PARTIAL_SUFFIX)}
+
+
+def write_marker(model_dir: Path, revision: str | None = None, marker: str = DEFAULT_MARKER) -> Path:
+    """Write the marker with a manifest of the directory as it is now; atomic (temp + rename)."""
+    model_dir = Path(model_dir)
+    data = {"revision": revision, "files": build_manifest(model_dir, marker), "created": now_iso()}
+    return write_json_atomic(model_dir / marker, data)
+
+
+def parse_marker(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(data, error): data is {} for an empty/plain-text marker, the JSON object otherwise."""
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return {"text": stripped[:200]} if stripped else {}, None
+    try:
+        data = json.loads(stripped)
+    except ValueError as exc:
+        return None, f"marker looks like JSON but does not parse: {exc}"
+    if not isinstance(data, dict):
+        return None, "marker JSON is not an object"
+    files = data.get("files")
+    if files is not None and (not isinstance(files, dict)
+                              or not all(isinstance(v, int) and not isinstance(v, bool) for v in files.values())):
+        return None, "marker 'files' is not a {name: size} mapping"
+    return data, None

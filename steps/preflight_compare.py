@@ -1,0 +1,98 @@
+"""Gate 0 join: every node's preflight saw the same model (same fingerprint).
+
+Reads each ``--inputs`` evidence directory's verdict.json (I/O), then
+:func:`compare` (pure) names the node(s) that differ from the majority and what
+differs: config, index, tokenizer, processor, or which shard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from steps._evidence import Check, UsageError
+from steps._fingerprint import extract_fingerprint, fingerprint_diff
+
+__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "read_input", "compare"]
+
+NAME = "preflight-compare"
+HELP = "Gate 0 join: fail unless every node's preflight fingerprint is the same"
+NEEDS_PROFILE = True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inputs", nargs="+", required=True, metavar="DIR",
+                   help="per-node preflight evidence directories (each with verdict.json)")
+
+
+def read_input(d: Path) -> dict[str, Any]:
+    """{label, node, status, fingerprint, error} for one evidence directory; never raises."""
+    info: dict[str, Any] = {"label": d.name, "dir": str(d), "node": None, "status": None, "fingerprint": None,
+                            "error": None}
+    try:
+        doc = json.loads((d / "verdict.json").read_text())
+    except FileNotFoundError:
+        info["error"] = f"{d}/verdict.json is missing (did preflight run on this node?)"
+        return info
+    except OSError as exc:
+        info["error"] = f"{d}/verdict.json: cannot read: {exc.strerror or exc}"
+        return info
+    except ValueError as exc:
+        info["error"] = f"{d}/verdict.json: invalid JSON: {exc}"
+        return info
+    if not isinstance(doc, dict):
+        info["error"] = f"{d}/verdict.json is not a JSON object"
+        return info
+    metrics = doc.get("metrics") if isinstance(doc.get("metrics"), dict) else {}
+    info.update(status=doc.get("status"), node=metrics.get("node"), fingerprint=extract_fingerprint(doc))
+    if info["fingerprint"] is None:
+        info["error"] = f"{d}/verdict.json carries no fingerprint (status {doc.get('status')!r})"
+    return info
+
+
+def _who(i: dict[str, Any]) -> str:
+    return f"{i['label']} (node {i['node']})" if i.get("node") else i["label"]
+
+
+def compare(inputs: list[dict[str, Any]], expected_nodes: int | None = None) -> tuple[list[Check], dict[str, Any]]:
+    """Pure: the inputs' facts -> checks naming the odd node(s) out and what differs."""
+    checks: list[Check] = []
+    bad = [i["error"] for i in inputs if i["error"]]
+    checks.append(Check("evidence", "fail" if bad else "pass", len(inputs), len(inputs) - len(bad),
+                        "; ".join(bad) if bad else f"{len(inputs)} preflight verdicts with fingerprints"))
+    if expected_nodes:
+        checks.append(Check.compare("node-count", expected_nodes, len(inputs),
+                                    "" if len(inputs) != expected_nodes else f"{len(inputs)} nodes"))
+    not_pass = [f"{_who(i)} preflight is {i['status']}" for i in inputs if i["status"] not in (None, "pass")]
+    checks.append(Check("preflight-verdicts", "fail" if not_pass else "pass", "pass", not_pass or "pass",
+                        "; ".join(not_pass) if not_pass else "every node's preflight passed"))
+    have = [i for i in inputs if i["fingerprint"]]
+    metrics: dict[str, Any] = {"fingerprints": {i["label"]: i["fingerprint"]["sha256"] for i in have},
+                               "nodes": {i["label"]: i["node"] for i in inputs}}
+    if not have:
+        checks.append(Check("fingerprints-match", "fail", "one fingerprint", None, "no fingerprint to compare"))
+        return checks, metrics
+    counts = Counter(i["fingerprint"]["sha256"] for i in have)
+    # the majority is the reference; a tie goes to the first input's fingerprint
+    ref_sha = max(counts, key=lambda s: (counts[s], -next(n for n, i in enumerate(have) if i["fingerprint"]["sha256"] == s)))
+    ref = next(i for i in have if i["fingerprint"]["sha256"] == ref_sha)
+    odd = [i for i in have if i["fingerprint"]["sha256"] != ref_sha]
+    details = [f"{_who(i)} differs from {_who(ref)}: {'; '.join(fingerprint_diff(ref['fingerprint'], i['fingerprint']))}"
+               for i in odd]
+    checks.append(Check("fingerprints-match", "fail" if odd else "pass", ref_sha,
+                        sorted(counts) if odd else ref_sha,
+                        " | ".join(details) if odd else f"{len(have)} nodes share fingerprint {ref_sha[:16]}"))
+    metrics["differing"] = [i["label"] for i in odd]
+    metrics["outputs"] = {"fingerprint": ref_sha if not odd else ""}
+    return checks, metrics
+
+
+def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    if not args.inputs:
+        raise UsageError("--inputs needs at least one preflight evidence directory")
+    profile = getattr(args, "profile_obj", None)
+    nodes = len(profile.hardware.nodes) if profile is not None and profile.hardware.kind == "kubernetes" else None
+    return compare([read_input(Path(d)) for d in args.inputs], expected_nodes=nodes)
