@@ -1,0 +1,422 @@
+"""The run report: ``report.md`` and PNG plots, written into the run directory.
+
+It reads only evidence (every ``verdict.json`` under the run directory, the
+perf/ladder/experiment/regress metrics in them) and, for the nightly trend,
+the results store. Sections: environment, gate verdicts with their checks,
+performance tables (median with min-max and IQR), the engine comparison (only
+under the fair A/B rule, else separate experiments and why), the ladder,
+experiments vs baseline, regression labels; plots: throughput vs concurrency
+per engine, TTFT/TPOT percentiles, ladder outcome, nightly trend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_report", "collect", "fair_ab", "render_markdown", "AB_OPTIONS"]
+
+# What must match for two engines' numbers to share a table: the workload-defining options.
+# Kernel/back-end choices (attention/MoE backend, all-reduce, autotune, symm-mem) are how an
+# engine implements the same experiment, not a different experiment.
+AB_OPTIONS = ("context_length", "kv_cache_dtype", "prefix_cache", "hicache", "speculative",
+              "max_running_requests", "dtype")
+TOPOLOGY = ("tp_size", "ep_size", "dp_size")
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def collect(run_dir: Path) -> dict[str, Any]:
+    """Every verdict in the run, keyed by its path relative to the run directory (pure I/O, no judgement)."""
+    run_dir = Path(run_dir)
+    verdicts = {}
+    for v in sorted(run_dir.rglob("verdict.json")):
+        rel = v.parent.relative_to(run_dir).as_posix()
+        parts = rel.split("/")
+        # the report's own verdict, and the deploy/teardown an experiment runs inside its own task
+        if parts[0] == "report" or (len(parts) > 1 and parts[-2].startswith("exp-")):
+            continue
+        doc = _load(v)
+        if doc:
+            verdicts[rel] = doc
+    return {"run_dir": str(run_dir), "run_id": run_dir.name, "verdicts": verdicts}
+
+
+def _by_gate(verdicts: Mapping[str, Any], gate: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in verdicts.items() if v.get("gate") == gate}
+
+
+def _engine_of(rel: str, doc: Mapping[str, Any]) -> str:
+    return str(doc.get("metrics", {}).get("engine") or rel.split("/")[0])
+
+
+def perf_cases(verdicts: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """engine -> case -> case record, from every perf verdict."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for rel, v in _by_gate(verdicts, "perf").items():
+        for name, c in (v.get("metrics", {}).get("cases") or {}).items():
+            out.setdefault(_engine_of(rel, v), {})[name] = c
+    return out
+
+
+def perf_meta(verdicts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for rel, v in _by_gate(verdicts, "perf").items():
+        meta = v.get("metrics", {}).get("meta") or {}
+        if meta:
+            out.setdefault(_engine_of(rel, v), meta)
+    return out
+
+
+def fair_ab(profile: Any, engines: list[str]) -> tuple[bool, str]:
+    """(comparable, why): the same topology (tp/ep/dp, nodes), context and options (pure)."""
+    if len(engines) < 2:
+        return False, "only one engine ran: nothing to compare"
+    if profile is None:
+        return False, "the profile is unknown, so topology and options cannot be shown to match"
+    a, b = (profile.engines[e].args.model_dump() for e in engines[:2])
+    diffs = [k for k in (*TOPOLOGY, *AB_OPTIONS) if a.get(k) != b.get(k)]
+    if diffs:
+        return False, (f"{engines[0]} and {engines[1]} differ in {', '.join(diffs)} "
+                       f"({'; '.join(f'{k}: {a.get(k)!r} vs {b.get(k)!r}' for k in diffs)})")
+    return True, f"same topology ({', '.join(f'{k}={a.get(k)}' for k in TOPOLOGY)}), context and options"
+
+
+def _fmt(x: Any, nd: int = 1) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def _cell(t: Mapping[str, Any] | None, nd: int = 1) -> str:
+    if not t or t.get("median") is None:
+        return "–"
+    s = f"{t['median']:.{nd}f} [{t['min']:.{nd}f}–{t['max']:.{nd}f}]"
+    if t.get("iqr") is not None:
+        s += f" IQR {t['iqr']:.{nd}f}"
+    return s
+
+
+PERF_COLUMNS = (("output_throughput", "out tok/s", 1), ("request_throughput", "req/s", 2),
+                ("p50_ttft_ms", "TTFT p50 ms", 0), ("p99_ttft_ms", "TTFT p99 ms", 0),
+                ("p99_tpot_ms", "TPOT p99 ms", 1), ("p99_itl_ms", "ITL p99 ms", 1),
+                ("p99_e2el_ms", "E2E p99 ms", 0))
+
+
+def _perf_table(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    hdr = "| case | conc | in/out | valid | " + " | ".join(c[1] for c in PERF_COLUMNS) + " | spread | stable |"
+    lines = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
+    for name, c in sorted(cases.items(), key=lambda kv: (kv[1].get("concurrency", 0), kv[0])):
+        t = c.get("table", {})
+        st = c.get("stability") or {}
+        valid = sum(1 for r in c.get("rounds", []) if r.get("valid"))
+        cells = " | ".join(_cell(t.get(m), nd) for m, _, nd in PERF_COLUMNS)
+        spread = st.get("spread_rel")
+        lines.append(f"| {name} | {c.get('concurrency')} | {c.get('input_len')}/{c.get('output_len')} | "
+                     f"{valid}/{len(c.get('rounds', []))} | {cells} | {_fmt(spread * 100 if spread is not None else None)}% | "
+                     f"{'yes' if st.get('stable') else 'no: ' + str(st.get('reason', ''))} |")
+    return lines
+
+
+def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any = None,
+                    plots: Mapping[str, str] | None = None) -> str:
+    """The report text (pure over collected evidence)."""
+    v = data["verdicts"]
+    plots = plots or {}
+    L: list[str] = [f"# gauntlet run `{data['run_id']}`", ""]
+    if profile is not None:
+        L += [f"Profile **{profile.name}**: {profile.description}", ""]
+    order = sorted(v.items(), key=lambda kv: (kv[1].get("started", ""), kv[0]))
+    statuses = [d.get("status") for _, d in order]
+    L += [f"Gates: {sum(s == 'pass' for s in statuses)} pass, {sum(s == 'fail' for s in statuses)} fail, "
+          f"{sum(s == 'error' for s in statuses)} error, {sum(s == 'skip' for s in statuses)} skip.", ""]
+
+    # environment
+    L += ["## Environment", ""]
+    meta = perf_meta(v)
+    if profile is not None:
+        from params import load_images
+        from steps.engine_cmd import args_hash, engine_env, engine_flags
+        images = load_images()
+        L += ["| engine | role | image | digest | args hash | topology |", "|---|---|---|---|---|---|"]
+        for e, spec in profile.engines.items():
+            img = images.get(spec.image)
+            a = spec.args
+            L.append(f"| {e} | {spec.role} | `{img.ref if img else spec.image}` | `{img.digest[:19] if img else '?'}…` "
+                     f"| `{args_hash(e, spec)}` | tp{a.tp_size} ep{a.ep_size or 1} dp{a.dp_size or 1}, "
+                     f"{max(1, len(profile.hardware.nodes))} node(s), context {a.context_length} |")
+        L.append("")
+        for e, spec in profile.engines.items():
+            L += [f"- **{e}** flags: `{' '.join(engine_flags(e, spec))}`",
+                  f"  env: `{' '.join(f'{k}={val}' for k, val in engine_env(e, spec).items()) or '(none)'}`"]
+        nodes = ", ".join(n.name for n in profile.hardware.nodes) or "this machine (local)"
+        L += [f"- nodes: {nodes}; hardware {profile.hardware.gpu_model or profile.hardware.gpu_arch}", ""]
+    for e, m in meta.items():
+        L.append(f"- {e} measured: client {m.get('client')} ({m.get('client_version')}), model fingerprint "
+                 f"`{m.get('model_fingerprint')}`, git `{m.get('git_rev')}`, image `{m.get('image')}`")
+    L.append("")
+
+    # gate verdicts
+    L += ["## Gate verdicts", ""]
+    for rel, d in order:
+        L.append(f"### {rel} — {d.get('gate')}: **{str(d.get('status')).upper()}**")
+        L.append("")
+        L += ["| check | status | detail |", "|---|---|---|"]
+        for c in d.get("checks", []):
+            detail = str(c.get("detail", "")).replace("|", "\\|").replace("\n", " ")
+            L.append(f"| {c.get('name')} | {c.get('status')} | {detail} |")
+        L.append("")
+
+    # performance
+    cases = perf_cases(v)
+    L += ["## Performance (Gate 4)", "",
+          "Median of the valid rounds [min–max] and IQR; never the best round. A round counts only when every "
+          "prompt completed and none failed.", ""]
+    if not cases:
+        L += ["No perf results in this run.", ""]
+    for e, cs in cases.items():
+        L += [f"### {e}", "", *_perf_table(cs), ""]
+        res = [r.get("resources") or {} for c in cs.values() for r in c.get("rounds", [])]
+        if res:
+            exp = next((r.get("expert_load") for r in res if r.get("expert_load")), {})
+            L.append(f"- sampled: GPU {res[0].get('gpu_source')}; headroom min "
+                     f"{_fmt(min((r['headroom'] for r in res if r.get('headroom') is not None), default=None), 3)}; "
+                     f"per-rank expert load: {'available' if exp.get('available') else 'unavailable (' + str(exp.get('reason')) + ')'}")
+            L.append("")
+    for key in ("throughput", "latency"):
+        if key in plots:
+            L += [f"![{key}]({plots[key]})", ""]
+    engines = list(cases)
+    ok, why = fair_ab(profile, engines)
+    if len(engines) >= 2:
+        L += ["### Engine comparison", ""]
+        if ok:
+            L += [f"Fair A/B: {why}.", "", "| case | " + " | ".join(f"{e} out tok/s" for e in engines) + " |",
+                  "|---|" + "---|" * len(engines)]
+            for name in sorted(set.intersection(*(set(cases[e]) for e in engines))):
+                L.append(f"| {name} | " + " | ".join(_cell(cases[e][name].get("table", {}).get("output_throughput"))
+                                                    for e in engines) + " |")
+        else:
+            L += [f"No comparison table: {why}. Each engine's results above are a separate experiment."]
+        L.append("")
+
+    # ladder
+    L += ["## Long context (Gate 5)", ""]
+    ladders: dict[str, list[dict[str, Any]]] = {}
+    for rel, d in _by_gate(v, "longctx").items():
+        ladders.setdefault(_engine_of(rel, d), []).extend(d.get("metrics", {}).get("ladder") or [])
+    if profile is not None:
+        for e in ladders:
+            ran = {r["tokens"] for r in ladders[e]}
+            for r in profile.longctx.ladder:
+                if r.tokens not in ran:
+                    ladders[e].append({"tokens": r.tokens, "expect": r.expect, "outcome": "not-run",
+                                       "label": "not run", "detail": "requires every lower rung to pass"
+                                       if r.requires_all_lower else "not run in this run", "probes": []})
+    if not ladders:
+        L += ["No ladder in this run.", ""]
+    for e, rungs in ladders.items():
+        L += [f"### {e}", "", "| tokens | expect | outcome | detail | prompt tokens |", "|---|---|---|---|---|"]
+        for r in sorted(rungs, key=lambda x: x["tokens"]):
+            pt = ", ".join(str(p.get("prompt_tokens")) for p in r.get("probes", []) if p.get("prompt_tokens"))
+            L.append(f"| {r['tokens']} | {r['expect']} | {r['label']} | {r['detail']} | {pt or '–'} |")
+        L.append("")
+    if "ladder" in plots:
+        L += [f"![ladder]({plots['ladder']})", ""]
+
+    # experiments
+    L += ["## Experiments vs baseline (Gate 6)", ""]
+    exps = _by_gate(v, "experiment")
+    if not exps:
+        L += ["No experiments in this run.", ""]
+    for rel, d in exps.items():
+        m = d.get("metrics", {})
+        L += [f"### {m.get('variant', rel)} on {m.get('engine', '?')}: **{m.get('verdict', d.get('status'))}**", "",
+              f"Change: `{json.dumps(m.get('change'))}`. {m.get('verdict_reason', '')}", ""]
+        rows = m.get("comparison") or []
+        if rows:
+            L += ["| case | out tok/s baseline → variant | TTFT p99 ms | E2E p99 ms | noise |", "|---|---|---|---|---|"]
+            for r in rows:
+                def pair(k: str, r: Mapping[str, Any] = r) -> str:
+                    x = r[k]
+                    ch = f" ({x['change_rel']:+.1%})" if x.get("change_rel") is not None else ""
+                    return f"{_fmt(x['baseline'])} → {_fmt(x['variant'])}{ch}"
+                L.append(f"| {r['case']} | {pair('output_throughput')} | {pair('p99_ttft_ms')} | "
+                         f"{pair('p99_e2el_ms')} | ±{r['output_throughput']['noise_rel']:.1%} |")
+            L.append("")
+        for phase, tables in (m.get("tables") or {}).items():
+            hits = (m.get("prefix_cache_hit_rate") or {}).get(phase, {})
+            L += [f"{phase.replace('_', ' ')} phase:", "", "| case | out tok/s | TTFT p99 ms | prefix-cache hit rate |",
+                  "|---|---|---|---|"]
+            for case, t in tables.items():
+                hr = [h for h in hits.get(case, []) if h is not None]
+                L.append(f"| {case} | {_cell(t.get('output_throughput'))} | {_cell(t.get('p99_ttft_ms'), 0)} | "
+                         f"{', '.join(f'{h:.0%}' for h in hr) or '–'} |")
+            L.append("")
+        spec = m.get("speculative") or {}
+        if any((s or {}).get("acceptance_rate_pct") is not None for s in spec.values()):
+            L += ["| case | acceptance rate % | acceptance length | draft tokens | engine RSS max |", "|---|---|---|---|---|"]
+            for case, s in spec.items():
+                L.append(f"| {case} | {_fmt(s.get('acceptance_rate_pct'))} | {_fmt(s.get('acceptance_length'), 2)} | "
+                         f"{_fmt(s.get('draft_tokens'), 0)} | {_fmt(s.get('engine_rss_bytes_max'), 0)} |")
+            L.append("")
+
+    # regression
+    L += ["## Nightly regression", ""]
+    reg = _by_gate(v, "regress")
+    labels = [lb for d in reg.values() for lb in d.get("metrics", {}).get("labels", [])]
+    if not labels:
+        L += ["No regression verdict in this run." if not reg else
+              next(iter(reg.values())).get("checks", [{}])[0].get("detail", ""), ""]
+    else:
+        L += ["| engine | case | metric | label | value | history median | change | nights |",
+              "|---|---|---|---|---|---|---|---|"]
+        for lb in labels:
+            ch = f"{lb['change_rel']:+.1%}" if lb.get("change_rel") is not None else "–"
+            L.append(f"| {lb['engine']} | {lb['case']} | {lb['metric']} | **{lb['label']}** | {_fmt(lb.get('value'), 2)} "
+                     f"| {_fmt(lb.get('centre'), 2)} | {ch} | {lb.get('nights')} |")
+        L.append("")
+    if "trend" in plots:
+        L += [f"![nightly trend]({plots['trend']})", ""]
+    return "\n".join(L) + "\n"
+
+
+# ---- plots -------------------------------------------------------------------
+
+def _plots(run_dir: Path, data: Mapping[str, Any], profile: Any, history: Any) -> dict[str, str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, str] = {}
+    cases = perf_cases(data["verdicts"])
+    if cases:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for e, cs in cases.items():
+            pts = sorted((c.get("concurrency", 0), c.get("table", {}).get("output_throughput", {})) for c in cs.values())
+            pts = [(x, t) for x, t in pts if t.get("median") is not None]
+            if pts:
+                xs = [x for x, _ in pts]
+                med = [t["median"] for _, t in pts]
+                err = [[t["median"] - t["min"] for _, t in pts], [t["max"] - t["median"] for _, t in pts]]
+                ax.errorbar(xs, med, yerr=err, marker="o", capsize=4, label=e)
+        ax.set(xlabel="concurrency", ylabel="output tokens/s (median, min–max)",
+               title="Throughput vs concurrency")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(run_dir / "throughput.png", dpi=100)
+        plt.close(fig)
+        out["throughput"] = "throughput.png"
+
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        labels, width = [], 0.25
+        rows = [(e, n, c) for e, cs in cases.items() for n, c in sorted(cs.items())]
+        for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
+            for i, p in enumerate((50, 95, 99)):
+                vals = [(c.get("table", {}).get(f"p{p}_{metric}_ms") or {}).get("median") or 0 for _, _, c in rows]
+                ax.bar([j + i * width for j in range(len(rows))], vals, width, label=f"p{p}")
+            labels = [f"{e}\n{n}" for e, n, _ in rows]
+            ax.set_xticks([j + width for j in range(len(rows))], labels, fontsize=7)
+            ax.set(ylabel="ms (median of rounds)", title=metric.upper() + " percentiles")
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / "latency.png", dpi=100)
+        plt.close(fig)
+        out["latency"] = "latency.png"
+
+    ladders = [(_engine_of(rel, d), r) for rel, d in _by_gate(data["verdicts"], "longctx").items()
+               for r in d.get("metrics", {}).get("ladder") or []]
+    if ladders:
+        colors = {"passed": "tab:green", "missed": "tab:red", "refused": "tab:orange", "error": "black",
+                  "blocked": "tab:purple", "not-run": "lightgrey"}
+        fig, ax = plt.subplots(figsize=(6, 3))
+        engines = sorted({e for e, _ in ladders})
+        for e, r in ladders:
+            ax.scatter(r["tokens"], engines.index(e), s=200, color=colors.get(r["outcome"], "grey"), zorder=3)
+            ax.annotate(r["label"], (r["tokens"], engines.index(e)), textcoords="offset points", xytext=(0, 12),
+                        ha="center", fontsize=7)
+        ax.set_xscale("log", base=2)
+        ax.set_yticks(range(len(engines)), engines)
+        ax.set_ylim(-0.7, len(engines) - 0.3)
+        ax.set(xlabel="rung (tokens)", title="Long-context ladder outcome")
+        ax.grid(alpha=0.3, axis="x")
+        fig.tight_layout()
+        fig.savefig(run_dir / "ladder.png", dpi=100)
+        plt.close(fig)
+        out["ladder"] = "ladder.png"
+
+    if history is not None and len(history):
+        from steps.regress import nightly_medians
+        nights = nightly_medians(history, ["output_throughput"])
+        series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        for i, night in enumerate(nights.values()):
+            for key, vals in night.items():
+                if vals.get("output_throughput") is not None:
+                    series.setdefault(key, []).append((i, vals["output_throughput"]))
+        if series:
+            fig, ax = plt.subplots(figsize=(7, 4))
+            for (e, c), pts in sorted(series.items()):
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{e} {c}")
+            ax.set(xlabel="night (oldest → newest)", ylabel="output tokens/s (night median)", title="Nightly trend")
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
+            fig.tight_layout()
+            fig.savefig(run_dir / "trend.png", dpi=100)
+            plt.close(fig)
+            out["trend"] = "trend.png"
+    return out
+
+
+def _profile_of(run_dir: Path) -> Any:
+    from params import ProfileError, load_profile
+
+    for rounds in sorted(Path(run_dir).rglob("rounds.json")):
+        doc = _load(rounds)
+        if isinstance(doc, list) and doc and doc[0].get("profile"):
+            try:
+                return load_profile(doc[0]["profile"])
+            except ProfileError:
+                return None
+    return None
+
+
+def write_report(run_dir: str | Path, results: Any = None, *, profile: Any = None, out: Path | None = None) -> Path:
+    """Write ``report.md`` (+ PNGs) for a run directory; ``results`` is a store URI or rows of history."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+    out = Path(out) if out else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    data = collect(run_dir)
+    profile = profile or _profile_of(run_dir)
+    history = None
+    uri = results if results is not None else (os.environ.get("GAUNTLET_RESULTS_URI")
+                                                or (profile.results_uri if profile is not None else None))
+    if isinstance(uri, (str, Path)):
+        from steps.results import read_rounds
+        try:
+            t = read_rounds(uri, profile=profile.name if profile is not None else None,
+                            columns=["run_id", "engine", "case", "valid", "timestamp", "output_throughput",
+                                     "experiment", "phase"])
+            history = [r for r in t.to_pylist() if (r.get("experiment") or "baseline") == "baseline"
+                       and r.get("phase") == "measure"]
+        except OSError:
+            history = None
+    elif uri is not None:
+        history = list(uri)
+    plots = _plots(out, data, profile, history)
+    md = render_markdown(data, profile, history, plots)
+    path = out / "report.md"
+    path.write_text(md)
+    return path
