@@ -292,7 +292,10 @@ def judge_inventory(inv: GpuInventory, hw: Hardware, nvml: GpuInventory | None =
         else:
             ok = version_at_least(have, want)
             checks.append(Check(name, "pass" if ok else "fail", f">= {want}", have,
-                                f"{name} {have} >= {want}" if ok else f"{name} {have} is older than {want}: upgrade"))
+                                f"{name} {have} >= {want}" if ok else f"no {name} version reported" if not have
+                                else f"{name} {have} is older than {want}: upgrade"))
+    if not g:
+        return checks          # nothing to judge per GPU: the count check already failed
     ecc = {x.index: x.ecc_uncorrected for x in g}
     bad = [i for i, e in ecc.items() if e is None or e > hw.ecc_uncorrected_max]
     checks.append(Check("ecc", "fail" if bad else "pass", f"<= {hw.ecc_uncorrected_max} uncorrectable", ecc,
