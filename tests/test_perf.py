@@ -1,0 +1,129 @@
+"""Gate 4: the unlock rule (C32 only after a stable C16 with headroom), and the real client on the real engine.
+
+Engine tests share the session's engine (``local_engine`` in conftest.py); set
+GAUNTLET_TEST_ENDPOINT to use an engine you started yourself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from params import load_profile, profile_path
+from steps._stats import stability
+from steps.perf import CaseResult, case_table, unlocks
+from steps.results import read_rounds
+from workflows.cli import main as gauntlet
+
+PROFILE = load_profile("local-cpu")
+
+
+def _case(tputs, valid=True, headroom=0.5):
+    rounds = [{"valid": valid, "output_throughput": t, "round": i + 1} for i, t in enumerate(tputs)]
+    cr = CaseResult("c2-128-32", 2, 128, 32, 8, rounds)
+    cr.stability = stability(rounds, PROFILE.bench.spread_max_rel, 3)
+    cr.headroom = headroom
+    return cr
+
+
+def test_c4_unlocked_after_stable_c2_with_headroom():
+    ok, why = unlocks(PROFILE, {"c2-128-32": _case([50, 51, 52])})["c4-128-32"]
+    assert ok and "headroom" in why
+
+
+def test_c4_skipped_when_c2_unstable():
+    ok, why = unlocks(PROFILE, {"c2-128-32": _case([20, 51, 52])})["c4-128-32"]
+    assert not ok and "unstable" in why
+
+
+def test_c4_skipped_when_a_c2_round_had_a_failed_request():
+    cr = _case([50, 51, 52])
+    cr.rounds[1]["valid"] = False
+    cr.stability = stability(cr.rounds, PROFILE.bench.spread_max_rel, 3)
+    assert unlocks(PROFILE, {"c2-128-32": cr})["c4-128-32"][0] is False
+
+
+def test_c4_skipped_without_headroom():
+    ok, why = unlocks(PROFILE, {"c2-128-32": _case([50, 51, 52], headroom=0.01)})["c4-128-32"]
+    assert not ok and "headroom 1.0% < 5%" in why
+
+
+def test_c4_not_unlocked_when_c2_not_measured():
+    assert unlocks(PROFILE, {})["c4-128-32"][0] is False
+
+
+def test_table_uses_valid_rounds_only_and_reports_median():
+    t = case_table([{"valid": True, "output_throughput": 10.0}, {"valid": True, "output_throughput": 30.0},
+                    {"valid": True, "output_throughput": 20.0}, {"valid": False, "output_throughput": 99.0}])
+    assert t["output_throughput"]["median"] == 20.0 and t["output_throughput"]["max"] == 30.0
+
+
+# ---- real engine --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def endpoint(request) -> str:
+    if os.environ.get("GAUNTLET_TEST_ENDPOINT"):
+        return os.environ["GAUNTLET_TEST_ENDPOINT"]
+    eng = request.getfixturevalue("local_engine")
+    for attr in ("endpoint", "url", "base_url"):
+        if isinstance(getattr(eng, attr, None), str):
+            return getattr(eng, attr)
+    return str(eng)
+
+
+def small_profile(tmp_path: Path, **bench) -> Path:
+    """local-cpu with a tiny matrix: 4 prompts a round, 16 output tokens."""
+    doc = yaml.safe_load(profile_path("local-cpu").read_text())
+    doc["bench"].update(warmup_prompts=2, prompts_per_concurrency=2, **bench)
+    for c in doc["bench"]["cases"]:
+        c["output_len"] = 16
+    p = tmp_path / "local-small.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+@pytest.mark.engine
+def test_perf_real_engine(tmp_path, endpoint):
+    prof = small_profile(tmp_path)
+    out = tmp_path / "run1" / "vllm" / "perf"
+    store = tmp_path / "store"
+    rc = gauntlet(["step", "perf", "--profile", str(prof), "--out", str(out), "--engine", "vllm",
+                   "--endpoint", endpoint, "--cases", "c2-128-32", "--results-uri", str(store)])
+    v = json.loads((out / "verdict.json").read_text())
+    assert rc == 0, v
+    case = v["metrics"]["cases"]["c2-128-32"]
+    assert len(case["rounds"]) == 3 and all(r["valid"] for r in case["rounds"])
+    assert case["warmup"]["num_prompts"] == 2 and case["rounds"][0]["num_prompts"] == 4
+    t = case["table"]["output_throughput"]
+    assert t["min"] <= t["median"] <= t["max"] and t["median"] > 0
+    assert case["table"]["p99_ttft_ms"]["median"] > 0 and case["rounds"][0]["total_output_tokens"] == 64
+    res = case["rounds"][0]["resources"]
+    assert res["samples"] >= 1 and res["cpu_util_max"] is not None and res["engine_running_max"] is not None
+    assert res["expert_load"]["available"] is False and res["net_lo_bytes"] > 0
+    unlock = (out / "outputs" / "unlock_c4_128_32").read_text()
+    stable = case["stability"]["stable"]
+    assert unlock == ("true" if stable and res["headroom"] >= 0.05 else "false")
+    t = read_rounds(store, profile="local-cpu", engine="vllm")
+    assert t.num_rows == 3 and set(t.column("phase").to_pylist()) == {"measure"}
+    assert set(t.column("run_id").to_pylist()) == {"run1"}
+    assert t.column("image_digest")[0].as_py().startswith("sha256:")
+    # the wrapper's own cost per round, against the client's time
+    assert v["metrics"]["wrapper_overhead_rel_max"] < 0.05
+
+
+@pytest.mark.engine
+def test_perf_real_engine_unstable_keeps_c4_locked(tmp_path, endpoint):
+    prof = small_profile(tmp_path, spread_max_rel=0.0)
+    out = tmp_path / "run2" / "vllm" / "perf"
+    rc = gauntlet(["step", "perf", "--profile", str(prof), "--out", str(out), "--engine", "vllm",
+                   "--endpoint", endpoint, "--cases", "c2-128-32", "--no-store"])
+    v = json.loads((out / "verdict.json").read_text())
+    assert rc == 0
+    assert (out / "outputs" / "unlock_c4_128_32").read_text() == "false"
+    check = next(c for c in v["checks"] if c["name"] == "unlock/c4-128-32")
+    assert "unstable" in check["detail"]
+    assert next(c for c in v["checks"] if c["name"] == "c2-128-32/stable")["status"] == "skip"
