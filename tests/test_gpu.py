@@ -111,3 +111,16 @@ def test_recorded_probe_passes_one_h200_profile():
     assert checks["gpu_copy_bandwidth"].status == "pass" and checks["gpu_bf16_matmul"].status == "pass"
     h20 = by_name(_gpu.judge_probe([r], load_profile("kimi-k3-h20").hardware.gpu_probe))
     assert h20["gpu_copy_bandwidth"].status == "pass"   # minimums are floors: an H200 beats the H20's
+
+
+DEVICE_RUN = Path(__file__).resolve().parents[1] / "docs" / "gpu-probe" / "2026-12-02-nvidia-h200"
+
+
+def test_device_run_outputs_parse_and_pass():
+    """The outputs `gauntlet step nodes` recorded on the lent H200 (docs/gpu-probe.md) with QUERY_FIELDS."""
+    inv = _gpu.inventory_from_smi((DEVICE_RUN / "nvidia-smi-query.csv").read_text(),
+                                  (DEVICE_RUN / "nvidia-smi-q.txt").read_text())
+    rows = _gpu.parse_query_csv((DEVICE_RUN / "nvidia-smi-query.csv").read_text())
+    assert list(rows[0]) == list(_gpu.QUERY_FIELDS)
+    assert rows[0]["persistence_mode"] == "Enabled" and inv.gpus[0].persistence is True
+    assert [c.name for c in _gpu.judge_inventory(inv, load_profile("h200-1gpu").hardware) if c.status != "pass"] == []
