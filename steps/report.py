@@ -82,6 +82,9 @@ def fair_ab(profile: Any, engines: list[str]) -> tuple[bool, str]:
         return False, "only one engine ran: nothing to compare"
     if profile is None:
         return False, "the profile is unknown, so topology and options cannot be shown to match"
+    missing = [e for e in engines[:2] if e not in profile.engines]
+    if missing:
+        return False, f"{', '.join(missing)} not in profile {profile.name}: its options are unknown"
     a, b = (profile.engines[e].args.model_dump() for e in engines[:2])
     diffs = [k for k in (*TOPOLOGY, *AB_OPTIONS) if a.get(k) != b.get(k)]
     if diffs:
