@@ -151,9 +151,8 @@ def build_graph(profile: Profile) -> Graph:
             tasks.append(Task(pf, step="preflight", gate="gate0", node=node, depends=_ok(pw, skipped=True)))
             pre_names.append(pf)
     else:
-        tasks.append(Task("prepare-model", step="preflight", gate="gate0", local_only=True,
-                          args=("--prepare",)))
-        tasks.append(Task("preflight", step="preflight", gate="gate0", depends=_ok("prepare-model")))
+        tasks.append(Task("prewarm", step="prewarm", gate="gate0", local_only=True))
+        tasks.append(Task("preflight", step="preflight", gate="gate0", depends=_ok("prewarm")))
         pre_names.append("preflight")
     join = pre_names
     if cluster:

@@ -1,0 +1,412 @@
+"""Prewarm: copy the model from the CFS copy to this node's NVMe cache, resumably; the only step that reads CFS.
+
+Order of work, so that a directory carrying the marker is always complete:
+
+1. read the source (listing, marker manifest, shard headers) and the destination (sizes, header hashes);
+2. plan (pure): a file already present with the right size and header hash (shards) or bytes hash (small
+   files) is skipped; refuse when the free space cannot hold what is left to copy;
+3. remove the destination's marker, then copy with ``--streams`` parallel streams, each to
+   ``.<name>.gauntlet-partial``, fsync, check the copy's size and header against the source, rename;
+4. fsync the directory and write the marker with its manifest last, atomically, and only when all succeeded.
+
+For a local profile with ``model.prepare`` (and no ``--src``) the "source" is a recipe:
+``steps.models_local.prepare`` builds the directory and writes the marker itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import os
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from params.models import Profile
+from steps._evidence import Check, TransientError, UsageError
+from steps._marker import build_manifest, is_checksum_file, parse_marker, write_marker
+from steps._shards import PARTIAL_SUFFIX, read_header, walk_entries
+
+__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "write_marker", "plan_copy", "CopyItem",
+           "prewarm"]
+
+NAME = "prewarm"
+HELP = "copy the model from CFS to the node's NVMe cache (parallel, resumable, verified; marker last)"
+NEEDS_PROFILE = True
+
+INDEX = "model.safetensors.index.json"
+HASH_LIMIT = 64 << 20        # small files are compared by content; bigger non-shard files by size
+RESERVE_BYTES = 1 << 30      # keep this much free beyond the copy
+CHUNK = 64 << 20             # copy_file_range step: how often a stream looks at the stop flag
+_STOP = threading.Event()    # set on SIGTERM/^C: streams abandon their temp files
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", default=None, help="source model directory (default: the profile's model.source_path)")
+    p.add_argument("--dst", default=None, help="destination (default: the profile's model.host_cache_path)")
+    p.add_argument("--streams", type=int, default=4, help="parallel copy streams (default: 4)")
+    p.add_argument("--allow-unmarked-src", action="store_true",
+                   help="copy even when the source has no completion marker")
+    p.add_argument("--delete-extras", action="store_true",
+                   help="delete files in the destination that the source does not have")
+
+
+@dataclass(frozen=True)
+class CopyItem:
+    name: str
+    size: int
+    shard: bool
+    action: str          # "copy" or "skip"
+    reason: str
+
+
+def _abs(p: str) -> Path:
+    q = Path(p)
+    return q if q.is_absolute() else Path.cwd() / q
+
+
+def _sha256(path: Path) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- read (I/O)
+
+def read_side(root: Path, marker: str, names: list[str] | None = None, shards: set[str] | None = None
+              ) -> dict[str, Any]:
+    """Facts of one side: files {name: {size, header_sha256 | sha256, error}}, marker, listing errors."""
+    facts: dict[str, Any] = {"root": str(root), "exists": root.is_dir(), "files": {}, "marker": None,
+                             "errors": [], "partials": []}
+    if not facts["exists"]:
+        return facts
+    entries, errors = walk_entries(root)
+    facts["errors"] = errors
+    facts["entries"] = {k: v for k, v in entries.items() if v["type"] == "file"}
+    facts["partials"] = sorted(k for k in entries if k.endswith(PARTIAL_SUFFIX))
+    if names is None:
+        names = sorted(k for k, v in entries.items() if v["type"] == "file" and k != marker
+                       and not k.endswith(PARTIAL_SUFFIX))
+    for name in names:
+        e = entries.get(name)
+        if e is None or e["type"] != "file":
+            continue
+        if shards is not None and name in shards:
+            h = read_header(root / name, tensors=False)
+            facts["files"][name] = {"size": h["size"], "header_sha256": h["header_sha256"], "error": h["error"]}
+        else:
+            info = {"size": e["size"], "sha256": None, "error": None}
+            if e["size"] <= HASH_LIMIT:
+                info["sha256"] = _sha256(root / name)
+                if info["sha256"] is None:
+                    info["error"] = "cannot read"
+            facts["files"][name] = info
+    mp = root / marker
+    if mp.is_file():
+        try:
+            data, err = parse_marker(mp.read_text(errors="replace"))
+        except OSError as exc:
+            data, err = None, f"cannot read: {exc.strerror}"
+        facts["marker"] = {"data": data, "error": err}
+    return facts
+
+
+def _src_shards(root: Path) -> tuple[set[str], str | None]:
+    import json
+    p = root / INDEX
+    try:
+        wm = json.loads(p.read_text()).get("weight_map")
+    except FileNotFoundError:
+        return ({"model.safetensors"} if (root / "model.safetensors").is_file() else set()), None
+    except (OSError, ValueError, AttributeError) as exc:
+        return set(), f"{INDEX}: {exc}"
+    if not isinstance(wm, dict):
+        return set(), f"{INDEX}: no weight_map"
+    return set(wm.values()), None
+
+
+# ---------------------------------------------------------------- plan (pure)
+
+def plan_copy(src: dict[str, Any], dst: dict[str, Any], shards: set[str]) -> list[CopyItem]:
+    """What to copy and what is already there (same size and same header / content hash)."""
+    items = []
+    for name, s in sorted(src["files"].items()):
+        d = dst["files"].get(name)
+        shard = name in shards
+        if d is None:
+            items.append(CopyItem(name, s["size"], shard, "copy", "absent"))
+        elif d.get("error") or d["size"] != s["size"]:
+            items.append(CopyItem(name, s["size"], shard, "copy", f"size {d['size']} != {s['size']}"
+                                  if not d.get("error") else f"unreadable: {d['error']}"))
+        elif shard and d.get("header_sha256") != s.get("header_sha256"):
+            items.append(CopyItem(name, s["size"], shard, "copy", "header differs"))
+        elif not shard and s.get("sha256") != d.get("sha256"):
+            items.append(CopyItem(name, s["size"], shard, "copy", "content differs"))
+        else:
+            items.append(CopyItem(name, s["size"], shard, "skip", "same size and hash"))
+    return items
+
+
+def _src_checks(src: dict[str, Any], shards: set[str], marker: str, index_error: str | None,
+                allow_unmarked: bool) -> list[Check]:
+    checks = []
+    if index_error:
+        checks.append(Check("src-index", "fail", INDEX, None, f"source {index_error}"))
+    elif not shards:
+        checks.append(Check("src-index", "fail", INDEX, None, f"source {src['root']} has no {INDEX} and no model.safetensors"))
+    m = src["marker"]
+    if m is None:
+        checks.append(Check("src-complete", "skip" if allow_unmarked else "fail", marker, None,
+                            f"source has no {marker}: the CFS copy may be incomplete"
+                            + (" (--allow-unmarked-src)" if allow_unmarked else "; pass --allow-unmarked-src to copy anyway")))
+    elif m["error"]:
+        checks.append(Check("src-complete", "fail", marker, None, f"source {marker}: {m['error']}"))
+    else:
+        manifest = (m["data"] or {}).get("files")
+        probs = []
+        if manifest:
+            have = src.get("entries", {})
+            probs = [f"{n}: {have[n]['size'] if n in have else 'missing'} vs manifest {sz}"
+                     for n, sz in sorted(manifest.items()) if have.get(n, {}).get("size") != sz]
+        checks.append(Check("src-complete", "fail" if probs else "pass", marker, len(probs),
+                            ("source does not match its marker manifest: " + "; ".join(probs[:5])) if probs
+                            else f"source marker present{' with a matching manifest' if manifest else ''}"))
+    bad = [f"{n}: {f['error']}" for n, f in sorted(src["files"].items()) if n in shards and f.get("error")]
+    missing = sorted(shards - set(src["files"]))
+    bad += [f"{n} is missing" for n in missing]
+    checks.append(Check("src-shards", "fail" if bad else "pass", len(shards), len(shards) - len(bad),
+                        ("source shards are bad, nothing copied: " + "; ".join(bad[:5])) if bad
+                        else f"{len(shards)} source shard headers valid"))
+    return checks
+
+
+# ---------------------------------------------------------------- copy (I/O)
+
+def _copy_one(src: Path, dst_dir: Path, item: CopyItem, want_header: str | None) -> tuple[str, str | None]:
+    """Copy to a temp name, fsync, verify, rename. Returns (name, error or None)."""
+    final = dst_dir / item.name
+    tmp = final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with open(src / item.name, "rb") as fin, open(tmp, "wb") as fout:
+            _copy_fd(fin.fileno(), fout.fileno(), item.size)
+            fout.flush()
+            os.fsync(fout.fileno())
+        size = tmp.stat().st_size
+        if size != item.size:
+            raise OSError(f"copied {size} bytes, source has {item.size}")
+        if item.shard:
+            h = read_header(tmp, tensors=False)
+            if h["error"]:
+                raise OSError(f"copy fails the header check: {h['error']}")
+            if h["header_sha256"] != want_header:
+                raise OSError("copy's header differs from the source's")
+        os.replace(tmp, final)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        return item.name, str(exc) if not getattr(exc, "strerror", None) else f"{exc.strerror}: {exc.filename or ''}"
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return item.name, None
+
+
+def _copy_fd(fin: int, fout: int, size: int) -> None:
+    """In-kernel copy (copy_file_range, then sendfile), falling back to read/write."""
+    off = 0
+    try:
+        while off < size:
+            if _STOP.is_set():
+                raise InterruptedError("interrupted")
+            n = os.copy_file_range(fin, fout, min(CHUNK, size - off))
+            if n == 0:
+                break
+            off += n
+        if off >= size:
+            return
+    except InterruptedError:
+        raise
+    except OSError:  # EXDEV/ENOSYS/EINVAL on older kernels or odd filesystems
+        pass
+    os.lseek(fin, off, os.SEEK_SET)
+    os.lseek(fout, off, os.SEEK_SET)
+    os.ftruncate(fout, off)
+    while chunk := os.read(fin, 8 << 20):
+        if _STOP.is_set():
+            raise InterruptedError("interrupted")
+        os.write(fout, chunk)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _free_bytes(d: Path) -> int:
+    p = d
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def prewarm(src_dir: Path, dst_dir: Path, *, marker: str = ".aik8s-complete", streams: int = 4,
+            revision: str | None = None, allow_unmarked_src: bool = False, delete_extras: bool = False,
+            reserve_bytes: int = RESERVE_BYTES) -> tuple[list[Check], dict[str, Any]]:
+    """The whole copy; returns checks and metrics. The marker is written only when every check passed."""
+    t0 = time.monotonic()
+    if not src_dir.is_dir():
+        return [Check("src", "fail", "a readable source directory", str(src_dir),
+                      f"source {src_dir} does not exist or is not a directory")], {}
+    shards, index_error = _src_shards(src_dir)
+    src = read_side(src_dir, marker, shards=shards)
+    checks = [Check("src", "fail" if src["errors"] else "pass", str(src_dir), len(src["files"]),
+                    "; ".join(src["errors"][:3]) or f"{len(src['files'])} files in the source")]
+    checks += _src_checks(src, shards, marker, index_error, allow_unmarked_src)
+    names = sorted(src["files"])
+    dst = read_side(dst_dir, marker, names=names, shards=shards)
+    plan = plan_copy(src, dst, shards)
+    todo = [i for i in plan if i.action == "copy"]
+    need = sum(i.size for i in todo)
+    metrics: dict[str, Any] = {"src": str(src_dir), "dst": str(dst_dir), "streams": streams,
+                               "files": len(plan), "files_to_copy": len(todo), "bytes_to_copy": need,
+                               "files_skipped": len(plan) - len(todo)}
+    extras = sorted(set(dst.get("entries", {})) - set(names) - {marker}
+                    - {p for p in dst.get("entries", {}) if is_checksum_file(p) or p.endswith(PARTIAL_SUFFIX)})
+    if extras and delete_extras:
+        for e in extras:
+            (dst_dir / e).unlink(missing_ok=True)
+        checks.append(Check("dst-extras", "pass", [], extras, f"deleted {len(extras)} files the source lacks"))
+    else:
+        checks.append(Check("dst-extras", "fail" if extras else "pass", [], extras,
+                            (f"destination has files the source lacks: {', '.join(extras[:5])}; remove them or pass "
+                             "--delete-extras") if extras else "no files beyond the source's"))
+    free = _free_bytes(dst_dir)
+    enough = free >= need + (reserve_bytes if need else 0)
+    checks.append(Check("free-space", "pass" if enough else "fail", need + (reserve_bytes if need else 0), free,
+                        f"{need:,} bytes to copy, {free:,} free on {dst_dir}" if enough else
+                        f"refusing to copy: {need:,} bytes (+{reserve_bytes:,} reserve) needed, only {free:,} free "
+                        f"on the filesystem of {dst_dir}; free space or pick another --dst"))
+    if any(c.status == "fail" for c in checks):
+        return checks, metrics
+
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    marker_ok = _marker_matches(dst_dir, marker, names)
+    if todo or not marker_ok:
+        (dst_dir / marker).unlink(missing_ok=True)  # a directory being changed must not look complete
+        _fsync_dir(dst_dir)
+    for p in dst.get("partials", []):  # leftovers of an interrupted run
+        (dst_dir / p).unlink(missing_ok=True)
+    t_copy = time.monotonic()
+    errors: list[str] = []
+    if todo:
+        _STOP.clear()
+        pool = ThreadPoolExecutor(max_workers=max(1, streams))
+        try:
+            futures = [pool.submit(_copy_one, src_dir, dst_dir, i, src["files"][i.name].get("header_sha256"))
+                       for i in sorted(todo, key=lambda i: -i.size)]
+            for f in futures:
+                name, err = f.result()
+                if err:
+                    errors.append(f"{name}: {err}")
+        except BaseException:
+            _STOP.set()  # running streams drop their temp files; queued ones never start
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        _fsync_dir(dst_dir)
+    secs = time.monotonic() - t_copy
+    metrics |= {"copy_seconds": round(secs, 3), "bytes_copied": need if not errors else None,
+                "throughput_bytes_per_s": round(need / secs) if todo and secs > 0 and not errors else None}
+    checks.append(Check("copy", "fail" if errors else "pass", len(todo), len(todo) - len(errors),
+                        ("copy failed, no marker written: " + "; ".join(errors[:5])) if errors else
+                        (f"copied {len(todo)} files, {need:,} bytes in {secs:.1f} s with {streams} streams, "
+                         f"skipped {len(plan) - len(todo)} already present" if todo else
+                         f"nothing to copy: all {len(plan)} files present with the right size and hash")))
+    if errors:
+        return checks, metrics
+    if not marker_ok or todo:
+        src_rev = ((src["marker"] or {}).get("data") or {}).get("revision")
+        write_marker(dst_dir, revision=revision or src_rev, marker=marker)
+        _fsync_dir(dst_dir)
+        checks.append(Check("marker", "pass", marker, marker, f"wrote {marker} with a manifest of {len(names)} files"))
+    else:
+        checks.append(Check("marker", "pass", marker, marker, f"{marker} already matches the directory"))
+    metrics["seconds"] = round(time.monotonic() - t0, 3)
+    return checks, metrics
+
+
+def _marker_matches(dst_dir: Path, marker: str, names: list[str]) -> bool:
+    try:
+        data, err = parse_marker((dst_dir / marker).read_text())
+    except OSError:
+        return False
+    files = (data or {}).get("files")
+    if err or not files:
+        return False
+    try:
+        return files == build_manifest(dst_dir, marker) and set(files) >= {n for n in names if not is_checksum_file(n)}
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- local recipe
+
+def _prepare_local(profile: Profile, dst: Path) -> tuple[list[Check], dict[str, Any]]:
+    try:
+        mod = importlib.import_module("steps.models_local")
+    except ImportError as exc:
+        return [Check("prepare", "fail", "steps.models_local", None,
+                      f"cannot import steps.models_local ({exc}); it builds the local model "
+                      f"(`gauntlet model prepare {profile.model.prepare}`)")], {}
+    t0 = time.monotonic()
+    try:
+        path = Path(mod.prepare(profile.model.prepare, cache=str(dst.parent)))
+    except (UsageError, TransientError):
+        raise
+    except Exception as exc:  # the recipe's own failure, as one line
+        return [Check("prepare", "fail", profile.model.prepare, None,
+                      f"prepare {profile.model.prepare!r} failed: {type(exc).__name__}: {exc}".splitlines()[0])], {}
+    secs = round(time.monotonic() - t0, 3)
+    real = path if path.is_absolute() else Path.cwd() / path
+    checks = [Check("prepare", "pass" if real.resolve() == dst.resolve() else "fail", str(dst), str(real),
+                    f"recipe {profile.model.prepare!r} built {real} in {secs} s" if real.resolve() == dst.resolve()
+                    else f"recipe returned {real}, but the profile's model.host_cache_path is {dst}")]
+    has_marker = (real / profile.model.marker).is_file()
+    checks.append(Check("marker", "pass" if has_marker else "fail", profile.model.marker, has_marker,
+                        f"{profile.model.marker} present" if has_marker
+                        else f"the recipe left no {profile.model.marker} in {real}"))
+    return checks, {"dst": str(real), "seconds": secs, "prepare": profile.model.prepare}
+
+
+def _on_term(signum, frame):  # Argo stops a pod with SIGTERM: unwind like ^C (temp files removed, no marker)
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile: Profile = args.profile_obj
+    if args.streams < 1:
+        raise UsageError(f"--streams must be at least 1, got {args.streams}")
+    dst = _abs(args.dst or profile.model.host_cache_path)
+    if args.src is None and profile.hardware.kind == "local" and profile.model.prepare:
+        return _prepare_local(profile, dst)
+    src = args.src or profile.model.source_path
+    if src is None:
+        raise UsageError("prewarm: no --src and the profile has no model.source_path")
+    signal.signal(signal.SIGTERM, _on_term)
+    return prewarm(_abs(src), dst, marker=profile.model.marker, streams=args.streams,
+                   revision=profile.model.revision, allow_unmarked_src=args.allow_unmarked_src,
+                   delete_extras=args.delete_extras)
