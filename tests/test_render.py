@@ -194,10 +194,16 @@ def test_cron_forbids_overlap_and_refs_the_template():
 
 
 def test_rbac_is_namespaced_and_least_privilege():
+    """Everything that writes is namespaced; the one cluster-wide grant is listing pods (read-only),
+    which Gate 1 needs to name other teams' GPU pods on our nodes."""
     rbac = next(v for k, v in _docs("kimi-k3-h20").items() if k.endswith(".rbac.yaml"))
     kinds = sorted(d["kind"] for d in rbac)
-    assert kinds == ["Role", "RoleBinding", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"]
     role = next(d for d in rbac if d["kind"] == "Role")
     assert role["metadata"]["namespace"] == "gauntlet"
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        assert not {"create", "update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"]) \
+            or rule["resources"] == ["workflowtaskresults"]
+    cluster = next(d for d in rbac if d["kind"] == "ClusterRole")
+    assert cluster["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
