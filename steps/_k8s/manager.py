@@ -39,28 +39,33 @@ class PodState:
     labels: dict[str, str]
 
 
+_BAD_WAITING = ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
+                "InvalidImageName", "CreateContainerError")
+
+
 def pod_state(pod: dict[str, Any]) -> PodState:
     """What readiness and teardown need from one pod's status, as data."""
     meta, spec, st = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {}) or {}
-    problem = None
+    problems: list[tuple[int, str]] = []          # (priority, text): OOM beats an exit beats a waiting reason
     restarts = 0
     ready = True
-    statuses = (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
-    for cs in statuses:
+    mains = st.get("containerStatuses") or []
+    for cs in (st.get("initContainerStatuses") or []) + mains:
         restarts += int(cs.get("restartCount") or 0)
-        ready = ready and bool(cs.get("ready")) if cs in (st.get("containerStatuses") or []) else ready
+        if cs in mains:
+            ready = ready and bool(cs.get("ready"))
         for key in ("state", "lastState"):
             s = cs.get(key) or {}
-            if "terminated" in s and s["terminated"]:
-                t = s["terminated"]
+            t = s.get("terminated")
+            if t:
                 if t.get("reason") == "OOMKilled":
-                    problem = problem or f"{cs.get('name')}: OOMKilled"
+                    problems.append((0, f"{cs.get('name')}: OOMKilled"))
                 elif int(t.get("exitCode") or 0) != 0:
-                    problem = problem or f"{cs.get('name')}: exited {t.get('exitCode')} ({t.get('reason', '')})"
-            if "waiting" in s and s["waiting"] and s["waiting"].get("reason") in (
-                    "CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
-                    "InvalidImageName", "CreateContainerError"):
-                problem = problem or f"{cs.get('name')}: {s['waiting']['reason']}"
+                    problems.append((1, f"{cs.get('name')}: exited {t.get('exitCode')} ({t.get('reason', '')})"))
+            w = s.get("waiting")
+            if w and w.get("reason") in _BAD_WAITING:
+                problems.append((2, f"{cs.get('name')}: {w['reason']}"))
+    problem = min(problems)[1] if problems else None
     if not st.get("containerStatuses"):
         ready = False
     if st.get("phase") == "Failed":

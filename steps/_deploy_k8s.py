@@ -1,0 +1,236 @@
+"""Gate 2 on Kubernetes: server-side-apply the engine, wait until it really answers; teardown.
+
+``deploy`` renders the engine's Services and StatefulSet (:mod:`steps._k8s.manifests`),
+applies them under one field manager (an Argo retry converges on the same objects), and
+waits with the profile's ``ready_timeout_s``: every rank Running, then the leader's
+``/health``, then a one-token completion through the client Service. It fails fast when
+a pod exits, is OOM-killed, restarts, or cannot pull its image. Either way it keeps the
+evidence: image digest, every rank's argv, env, nodes, start-up time, per-rank GPU
+memory lines, every rank's log.
+
+``teardown`` saves the logs, scales this run's StatefulSet(s) of the engine to 0 and
+waits until their pods (and so their GPUs) are gone.
+
+$GAUNTLET_READY_URL replaces the client Service URL for the readiness requests only
+(kubectl port-forward from outside the cluster; the tests' fake engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from params import load_images
+from params.models import EngineSpec, Profile
+from steps._evidence import Check, UsageError, write_json_atomic
+from steps.engine_cmd import apply_change, args_hash
+
+__all__ = ["deploy", "teardown", "ReadyOutcome", "wait_ready", "memory_lines", "POLL_S", "TEARDOWN_TIMEOUT_S"]
+
+POLL_S = 10.0
+TEARDOWN_TIMEOUT_S = 900
+# what SGLang and vLLM log about the GPU memory each rank took
+_MEM = re.compile(r"(mem usage=|avail mem=|Model loading took|KV cache memory|KV Cache is allocated|"
+                  r"Memory profiling takes|GPU KV cache size)", re.IGNORECASE)
+
+
+def memory_lines(log: str, limit: int = 20) -> list[str]:
+    """The lines of an engine log that state GPU memory (weights, KV cache); the per-rank memory record."""
+    return [ln.strip()[:300] for ln in log.splitlines() if _MEM.search(ln)][:limit]
+
+
+@dataclass
+class ReadyOutcome:
+    ready: bool
+    reason: str
+    elapsed_s: float
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    health_status: int | None = None
+    generation: str | None = None
+
+
+def _namespace(profile: Profile) -> str:
+    return os.environ.get("GAUNTLET_NAMESPACE") or profile.namespace
+
+
+def _spec_for(profile: Profile, engine: str, variant: str | None) -> EngineSpec:
+    spec = profile.engines[engine]
+    if variant is None:
+        return spec
+    v = next((x for x in profile.experiments if x.name == variant), None)
+    if v is None:
+        raise UsageError(f"--variant {variant}: not in profile {profile.name} "
+                         f"(has {', '.join(x.name for x in profile.experiments) or 'none'})")
+    return apply_change(spec, v.change)
+
+
+def wait_ready(mgr: Any, selector: str, replicas: int, url: str, served_name: str, timeout_s: float,
+               poll_s: float | None = None) -> ReadyOutcome:
+    """Poll until every rank runs and the leader answers /health and a one-token completion; fail fast."""
+    import httpx
+
+    from steps._k8s.manager import pod_state
+
+    poll_s = POLL_S if poll_s is None else poll_s
+    t0 = time.monotonic()
+    last = "no pods yet"
+    states: list[Any] = []
+    health = None
+    while time.monotonic() - t0 < timeout_s:
+        states = [pod_state(p) for p in mgr.pods(selector)]
+        bad = [s for s in states if s.problem]
+        if bad:
+            return ReadyOutcome(False, "; ".join(f"{s.name}: {s.problem}" for s in bad), time.monotonic() - t0,
+                                [asdict(s) for s in states])
+        running = [s for s in states if s.phase == "Running"]
+        if len(running) < replicas:
+            last = f"{len(running)}/{replicas} ranks running ({', '.join(f'{s.name}={s.phase}' for s in states)})"
+        else:
+            try:
+                r = httpx.get(f"{url}/health", timeout=10)
+                health = r.status_code
+                if r.status_code == 200:
+                    g = httpx.post(f"{url}/v1/completions", timeout=300,
+                                   json={"model": served_name, "prompt": "Hello", "max_tokens": 1,
+                                         "temperature": 0})
+                    if g.status_code == 200 and g.json().get("choices"):
+                        return ReadyOutcome(True, "ready", time.monotonic() - t0, [asdict(s) for s in states],
+                                            health, g.json()["choices"][0].get("text"))
+                    last = f"/health 200 but /v1/completions answered {g.status_code}: {g.text[:200]}"
+                else:
+                    last = f"/health answered {r.status_code}"
+            except (httpx.HTTPError, ValueError) as exc:
+                last = f"leader not answering yet: {type(exc).__name__}"
+        time.sleep(poll_s)
+    return ReadyOutcome(False, f"not ready after {timeout_s:.0f}s: {last}", time.monotonic() - t0,
+                        [asdict(s) for s in states], health)
+
+
+def _save_logs(mgr: Any, selector: str, out: Path) -> dict[str, dict[str, Any]]:
+    """Every rank's log (and the previous instance's after a restart) under out/logs/; per-rank memory lines."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ranks: dict[str, dict[str, Any]] = {}
+    for p in mgr.pods(selector):
+        name = p["metadata"]["name"]
+        text = ""
+        for c in [c["name"] for c in p["spec"].get("initContainers", [])] + [c["name"] for c in p["spec"]["containers"]]:
+            t = mgr.logs(name, c)
+            (logs / f"{name}.{c}.log").write_text(t)
+            prev = mgr.logs(name, c, previous=True) if any(
+                int(cs.get("restartCount") or 0) for cs in (p.get("status") or {}).get("containerStatuses") or []
+                if cs.get("name") == c) else ""
+            if prev:
+                (logs / f"{name}.{c}.previous.log").write_text(prev)
+            text += t
+        ranks[name] = {"node": p["spec"].get("nodeName"), "gpu_memory": memory_lines(text)}
+    return ranks
+
+
+def deploy(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    from steps._k8s import ENGINE_LABEL, RUN_LABEL, run_id_from
+    from steps._k8s import manifests as M
+    from steps._k8s.api import connect
+    from steps._k8s.apply import apply
+    from steps._k8s.manager import Manager, NotOurs
+
+    profile: Profile = args.profile_obj
+    engine, variant = args.engine, getattr(args, "variant", None)
+    spec = _spec_for(profile, engine, variant)
+    run_id = run_id_from(args)
+    ns = _namespace(profile)
+    image = load_images()[spec.image]
+    objs = M.engine_objects(profile, engine, run_id, image.ref, spec, variant)
+    for o in objs:
+        o["metadata"]["namespace"] = ns
+    names = M.engine_names(engine, run_id, variant)
+    sts = objs[-1]
+    replicas = sts["spec"]["replicas"]
+    leader = f"{names['statefulset']}-0.{names['headless']}.{ns}.svc.cluster.local"
+    argvs = M.rank_argvs(profile, engine, spec, leader)
+    env = {e["name"]: e.get("value", "(from the pod)") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    endpoint = M.endpoint_url(profile, engine, run_id, variant).replace(f".{profile.namespace}.svc", f".{ns}.svc")
+    write_json_atomic(out / "manifests.json", objs)
+    record = {"engine": engine, "variant": variant, "image": image.ref, "image_digest": image.digest,
+              "image_version": image.version, "args_hash": args_hash(engine, spec), "argv_per_rank": argvs,
+              "env": env, "endpoint": endpoint, "statefulset": names["statefulset"], "namespace": ns}
+    write_json_atomic(out / "deploy.json", record)
+
+    api = connect()
+    mgr = Manager(api, ns, run_id)
+    checks: list[Check] = []
+    try:
+        for o in objs:
+            mgr.get(o["kind"], o["metadata"]["name"])     # refuses a same-named object that is not ours
+    except NotOurs as exc:
+        return [Check("names_free", "fail", "no foreign object under our names", str(exc),
+                      f"{exc}; rename or remove it by hand (gauntlet never touches it)")], {"outputs": {"endpoint": ""}}
+    t0 = time.monotonic()
+    for o in objs:
+        apply(api, o)
+    checks.append(Check("applied", "pass", [o["kind"] for o in objs], [o["metadata"]["name"] for o in objs],
+                        f"server-side applied {len(objs)} objects as field manager gauntlet (labelled {RUN_LABEL})"))
+    selector = f"gauntlet.dev/component=engine,{ENGINE_LABEL}={engine}"
+    if variant:
+        selector += f",gauntlet.dev/variant={variant}"
+    url = os.environ.get("GAUNTLET_READY_URL") or endpoint
+    outcome = wait_ready(mgr, selector, replicas, url.rstrip("/"), profile.model.served_name, spec.ready_timeout_s)
+    ranks = _save_logs(mgr, selector, out)
+    nodes = sorted({r["node"] for r in ranks.values() if r["node"]})
+    want_nodes = sorted(n.name for n in profile.hardware.nodes)
+    checks.append(Check("one_rank_per_node", "pass" if nodes == want_nodes and len(ranks) == replicas else "fail",
+                        want_nodes, {k: v["node"] for k, v in ranks.items()},
+                        f"{len(ranks)} ranks on {nodes}" if nodes == want_nodes
+                        else f"ranks placed on {nodes}, want one on each of {want_nodes}"))
+    checks.append(Check("ready", "pass" if outcome.ready else "fail", f"/health and 1 token within {spec.ready_timeout_s}s",
+                        outcome.reason if not outcome.ready else f"{outcome.elapsed_s:.0f}s",
+                        f"{engine} answered a one-token completion ({outcome.generation!r}) after "
+                        f"{outcome.elapsed_s:.0f}s" if outcome.ready else f"{engine} not ready: {outcome.reason}; "
+                        f"rank logs in {out / 'logs'}"))
+    record.update({"startup_s": round(time.monotonic() - t0, 1), "ready": outcome.ready, "reason": outcome.reason,
+                   "ranks": ranks, "pods": outcome.pods})
+    write_json_atomic(out / "deploy.json", record)
+    metrics = {"engine": engine, "variant": variant, "image": image.ref, "startup_s": record["startup_s"],
+               "nodes": nodes, "ranks": ranks, "args_hash": record["args_hash"],
+               "outputs": {"endpoint": endpoint if outcome.ready else ""}}
+    return checks, metrics
+
+
+def teardown(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    from steps._k8s import ENGINE_LABEL, run_id_from
+    from steps._k8s.api import connect
+    from steps._k8s.manager import Manager
+
+    profile: Profile = args.profile_obj
+    engine = args.engine
+    run_id = run_id_from(args)
+    mgr = Manager(connect(), _namespace(profile), run_id)
+    selector = f"gauntlet.dev/component=engine,{ENGINE_LABEL}={engine}"
+    sets = mgr.list("StatefulSet", selector)
+    if not sets:
+        return [Check("scaled_to_zero", "pass", 0, [], f"no {engine} StatefulSet of run {run_id}: nothing to stop")], \
+            {"engine": engine, "stopped": []}
+    ranks = _save_logs(mgr, selector, out)
+    stopped = []
+    for s in sets:
+        name = s["metadata"]["name"]
+        if mgr.scale(name, 0):
+            stopped.append(name)
+    t0 = time.monotonic()
+    left = mgr.pods(selector)
+    while left and time.monotonic() - t0 < TEARDOWN_TIMEOUT_S:
+        time.sleep(POLL_S)
+        left = mgr.pods(selector)
+    names = [p["metadata"]["name"] for p in left]
+    checks = [Check("scaled_to_zero", "pass", 0, {n: 0 for n in stopped}, f"scaled {', '.join(stopped)} to 0"),
+              Check("gpus_free", "fail" if left else "pass", [], names,
+                    f"pods still present after {TEARDOWN_TIMEOUT_S}s: {names}" if left
+                    else f"all {engine} pods gone after {time.monotonic() - t0:.0f}s: their GPUs are free")]
+    write_json_atomic(out / "teardown.json", {"stopped": stopped, "ranks": ranks, "left": names})
+    return checks, {"engine": engine, "stopped": stopped, "wait_s": round(time.monotonic() - t0, 1)}
+
