@@ -12,6 +12,7 @@ that file into one round record.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -123,15 +124,22 @@ def run_client(req: BenchRequest, *, mode: Literal["auto", "inprocess", "subproc
     return ClientRun(result, client_s, time.perf_counter() - t0, mode, log_path)
 
 
-def _run_inprocess(argv: list[str], log_path: Path) -> float:
-    if not client_available():
-        raise UsageError("vLLM is not importable here; run the bench client with --bench-python PYTHON")
-    from vllm.benchmarks.serve import add_cli_args, main
+@functools.cache
+def _client_parser():
+    from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser(prog="vllm bench serve")
     add_cli_args(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run_inprocess(argv: list[str], log_path: Path) -> float:
+    if not client_available():
+        raise UsageError("vLLM is not importable here; run the bench client with --bench-python PYTHON")
+    from vllm.benchmarks.serve import main
+
+    args = _client_parser().parse_args(argv)
     with open(log_path, "w") as log, contextlib.redirect_stdout(log):
         t0 = time.perf_counter()
         try:

@@ -42,6 +42,9 @@ GAUGES = {
 }
 
 
+_LISTENERS: dict[int, int | None] = {}  # port -> pid of the process listening on it
+
+
 def _strip_unit(v: str) -> float | None:
     v = v.strip()
     if not v or v.startswith("[") or v.lower() in ("n/a", "[n/a]", "not supported"):
@@ -229,13 +232,14 @@ class Sampler:
             import psutil
         except ImportError:
             return None
-        pid = getattr(self, "_engine_pid", None)
         try:
-            if pid is None:
+            pid = _LISTENERS.get(u.port)
+            if pid is None or not psutil.pid_exists(pid):
+                # scanning every socket is slow: once per port and process, not once per sample
                 pid = next((c.pid for c in psutil.net_connections("tcp")
                             if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == u.port and c.pid),
                            None)
-                self._engine_pid = pid
+                _LISTENERS[u.port] = pid
             if pid is None:
                 return None
             root = psutil.Process(pid)

@@ -64,3 +64,56 @@ def test_baseline_cases_read_from_perf_evidence(tmp_path):
     (tmp_path / "perf" / "verdict.json").write_text(json.dumps({"metrics": {"cases": {"c2": {"table": {}}}}}))
     (tmp_path / "perf-c4" / "verdict.json").write_text(json.dumps({"metrics": {"cases": {"c4": {"table": {}}}}}))
     assert sorted(baseline_cases(tmp_path / "perf")) == ["c2", "c4"]
+
+
+# ---- real engine --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def endpoint(request) -> str:
+    import os
+    if os.environ.get("GAUNTLET_TEST_ENDPOINT"):
+        return os.environ["GAUNTLET_TEST_ENDPOINT"]
+    eng = request.getfixturevalue("local_engine")
+    for attr in ("endpoint", "url", "base_url"):
+        if isinstance(getattr(eng, attr, None), str):
+            return getattr(eng, attr)
+    return str(eng)
+
+
+@pytest.mark.engine
+def test_prefix_cache_experiment_real_engine(tmp_path, endpoint):
+    """Baseline perf on the shared engine, then the prefix-cache variant on its own restarted engine."""
+    import json
+
+    import yaml
+
+    from params import profile_path
+    from steps._engine_local import free_port, port_open
+    from workflows.cli import main as gauntlet
+
+    doc = yaml.safe_load(profile_path("local-cpu").read_text())
+    doc["bench"].update(warmup_prompts=2, prompts_per_concurrency=2)
+    doc["bench"]["cases"] = [dict(doc["bench"]["cases"][0], output_len=16)]
+    port = free_port()
+    doc["engines"]["vllm"]["port"] = port      # its own port: the shared engine stays up
+    prof = tmp_path / "local-small.yaml"
+    prof.write_text(yaml.safe_dump(doc))
+    seq = tmp_path / "run" / "vllm"
+    store = str(tmp_path / "store")
+    assert gauntlet(["step", "perf", "--profile", str(prof), "--out", str(seq / "perf"), "--engine", "vllm",
+                     "--endpoint", endpoint, "--cases", "c2-128-32", "--results-uri", store]) == 0
+    out = seq / "exp-prefix-cache"
+    rc = gauntlet(["step", "experiment", "--profile", str(prof), "--out", str(out), "--engine", "vllm",
+                   "--variant", "prefix-cache", "--results-uri", store])
+    v = json.loads((out / "verdict.json").read_text())
+    assert rc == 0, [c for c in v["checks"] if c["status"] != "pass"]
+    names = {c["name"]: c for c in v["checks"]}
+    assert names["variant-one-change"]["status"] == "pass" and names["deployed-one-change"]["status"] == "pass"
+    m = v["metrics"]
+    assert set(m["tables"]) == {"cold", "reusable_prefix"}
+    assert m["verdict"] in ("keep baseline", "adopt variant") and m["comparison"][0]["case"] == "c2-128-32"
+    warm = [h for h in m["prefix_cache_hit_rate"]["reusable_prefix"]["c2-128-32"] if h is not None]
+    cold = [h for h in m["prefix_cache_hit_rate"]["cold"]["c2-128-32"] if h is not None]
+    assert warm and max(warm) > 0.4          # the shared half-prompt prefix is served from the cache
+    assert cold and max(cold) < max(warm)
+    assert not port_open("127.0.0.1", port)   # torn down

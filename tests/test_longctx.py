@@ -79,3 +79,49 @@ def test_judge_answer():
     assert judge_answer("4321-ECHO", "stop", "1234-ECHO")[0] is False
     found, problems = judge_answer("1234-ECHO \ufffd\ufffd", "stop", "1234-ECHO")
     assert not found and problems
+
+
+# ---- real engine --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def endpoint(request) -> str:
+    import os
+    if os.environ.get("GAUNTLET_TEST_ENDPOINT"):
+        return os.environ["GAUNTLET_TEST_ENDPOINT"]
+    eng = request.getfixturevalue("local_engine")
+    for attr in ("endpoint", "url", "base_url"):
+        if isinstance(getattr(eng, attr, None), str):
+            return getattr(eng, attr)
+    return str(eng)
+
+
+@pytest.mark.engine
+def test_ladder_real_engine_pass_then_refusal(tmp_path, endpoint):
+    """1024 finds the needle at every depth; 16384 (> max-model-len 8192) is a 400: beyond capability."""
+    import json
+
+    from workflows.cli import main as gauntlet
+    out = tmp_path / "longctx"
+    rc = gauntlet(["step", "longctx", "--profile", "local-cpu", "--out", str(out), "--engine", "vllm",
+                   "--endpoint", endpoint, "--rungs", "1024,16384"])
+    v = json.loads((out / "verdict.json").read_text())
+    rungs = {r["tokens"]: r for r in v["metrics"]["ladder"]}
+    assert rungs[1024]["outcome"] == "passed", rungs[1024]
+    assert all(900 <= p["prompt_tokens"] <= 1024 for p in rungs[1024]["probes"])
+    assert rungs[16384]["outcome"] == "refused" and rungs[16384]["label"] == "beyond capability (refused)"
+    assert "400" in rungs[16384]["detail"]
+    assert rc == 0 and v["status"] == "pass"
+    # a refusal is not a pass: the rungs that need every lower one stay locked
+    assert (out / "outputs" / "unlock_all_lower").read_text() == "false"
+
+
+@pytest.mark.engine
+def test_ladder_real_engine_unlocks_when_all_pass(tmp_path, endpoint):
+    import json
+
+    from workflows.cli import main as gauntlet
+    out = tmp_path / "longctx"
+    rc = gauntlet(["step", "longctx", "--profile", "local-cpu", "--out", str(out), "--engine", "vllm",
+                   "--endpoint", endpoint, "--rungs", "1024"])
+    assert rc == 0, json.loads((out / "verdict.json").read_text())
+    assert (out / "outputs" / "unlock_all_lower").read_text() == "true"
