@@ -1,0 +1,81 @@
+"""A stand-in for `python -m workflows.cli` in runner tests: fake gates plus the real cleanup step.
+
+Every gate runs under the real evidence contract (steps._runner.run_step). The fake engine
+is tests/fakes/fake_engine.py, started detached and labelled exactly like the local deploy.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from steps import _deploy_local, cleanup
+from steps._engine_local import LocalEngine, free_port
+from steps._evidence import Check
+from steps._runner import run_step
+
+FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
+
+
+class Fake:
+    NEEDS_PROFILE = False
+    HELP = "fake"
+
+    def __init__(self, name, body):
+        self.NAME, self.body = name, body
+
+    def add_arguments(self, p):
+        p.add_argument("--engine", default=None)
+        p.add_argument("--endpoint", default=None)
+
+    def run(self, args, out):
+        (out / "argv.json").write_text(json.dumps(sys.argv))
+        if os.environ.get("FAKE_SLOW") == out.name:
+            time.sleep(120)
+        return self.body(args, out)
+
+
+def _pass(args, out):
+    return [Check("ok", "pass", 1, 1, "fine")], {"outputs": {"unlock_more": True}}
+
+
+def _fail(args, out):
+    return [Check("answer", "fail", 5, 32, "wrong answer: 32 for 2+3")], {"outputs": {"unlock_more": True}}
+
+
+def _engine(args, out):
+    run_dir = _deploy_local.run_dir_of(args, out)
+    port = free_port()
+    eng = LocalEngine([sys.executable, str(FAKE_ENGINE), "ready", str(port), "m"], port=port, served_name="m",
+                      log_path=out / "engine.log", startup_timeout_s=20, poll_s=0.1,
+                      env={_deploy_local.LABEL_DIR: str(run_dir), _deploy_local.LABEL_PORT: str(port)})
+    eng.launch()
+    _deploy_local._write_state(_deploy_local.state_path(run_dir, args.engine), eng, args.engine, None,
+                               started="now")
+    return [Check("engine-ready", "pass", None, eng.startup_s, "up")], {"outputs": {"endpoint": eng.base_url}}
+
+
+def _teardown(args, out):
+    args.run_dir = None
+    return _deploy_local.teardown(args, out)
+
+
+MODULES = {"fake-pass": Fake("fake-pass", _pass), "perf": Fake("perf", _pass), "fake-fail": Fake("fake-fail", _fail),
+           "fake-engine": Fake("fake-engine", _engine), "fake-teardown": Fake("fake-teardown", _teardown),
+           "cleanup": cleanup}
+
+
+def main(argv):
+    assert argv[0] == "step"
+    mod = MODULES[argv[1]]
+    p = argparse.ArgumentParser()
+    p.add_argument("--profile")
+    p.add_argument("--out", required=True)
+    mod.add_arguments(p)
+    return run_step(mod, p.parse_args(argv[2:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,381 @@
+"""The local back end: walk the gate graph and run each gate as a `gauntlet step` subprocess.
+
+Same graph (:func:`workflows.graph.build_graph`), same commands as the Argo
+containers, same ``depends``/``when`` rules (:mod:`workflows.conditions`), same
+exit handler. A task's phase follows Argo: ``Omitted`` when its depends is
+false, ``Skipped`` when its when is false, ``Failed`` when the step exits
+non-zero, else ``Succeeded``; an engine sequence (a DAG call) fails when one of
+its tasks fails. The exit handler always runs, also on Ctrl-C, and then
+:func:`steps._deploy_local.stop_all` guarantees no engine outlives the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, UTC
+from pathlib import Path
+from typing import Any
+
+from params import Profile, profile_path
+from steps import STEPS
+from steps._evidence import now_iso, write_json_atomic
+from workflows.conditions import ExpressionError, eval_depends, eval_when, substitute
+from workflows.graph import ENGINE_SEQUENCE, Dag, Graph, Task, build_graph
+
+__all__ = ["run_local", "Runner", "TaskResult", "output_default", "write_summary"]
+
+HEARTBEAT_S = 30.0
+DEFAULT_TIMEOUT_S = 4 * 3600          # the Argo containers' activeDeadlineSeconds default
+INTERRUPT_GRACE_S = 60.0              # a step gets this long to release what it holds after SIGINT
+
+
+def output_default(name: str) -> str:
+    """What Argo's valueFrom default gives when a step wrote no such output (workflows/render.py)."""
+    return "error" if name == "verdict" else "false" if name.startswith("unlock") else ""
+
+
+@dataclass
+class TaskResult:
+    path: str                       # e.g. "preflight" or "vllm/deploy"
+    name: str
+    gate: str
+    step: str | None
+    phase: str                      # Succeeded | Failed | Skipped | Omitted
+    reason: str = ""
+    exit_code: int | None = None
+    verdict: str | None = None
+    duration_s: float = 0.0
+    out: str | None = None
+    command: list[str] = field(default_factory=list)
+    failed_checks: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Interrupted(Exception):
+    pass
+
+
+class Runner:
+    """One local run of a graph. ``python`` and ``cli`` are overridable so tests can drive fake steps."""
+
+    def __init__(self, graph: Graph, profile_file: Path, run_dir: Path, parameters: dict[str, str], *,
+                 python: str = sys.executable, cli: str = "workflows.cli", steps: dict[str, str] | None = None,
+                 gates: set[str] | None = None, stream=sys.stdout, cwd: Path | None = None,
+                 env: dict[str, str] | None = None):
+        self.graph, self.profile_file, self.run_dir = graph, profile_file, run_dir
+        self.params = parameters
+        self.python, self.cli, self.steps, self.gates, self.stream = python, cli, steps or STEPS, gates, stream
+        self.cwd, self.env = cwd, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.results: list[TaskResult] = []
+        self.t0 = time.monotonic()
+        self.in_steps_s = 0.0
+        self.interrupted = False
+
+    # ----------------------------------------------------------- output
+
+    def say(self, text: str) -> None:
+        el = time.monotonic() - self.t0
+        print(f"[{int(el) // 60:02d}:{int(el) % 60:02d}] {text}", file=self.stream, flush=True)
+
+    # ----------------------------------------------------------- references
+
+    def _lookup(self, scope: dict[str, Any]):
+        def get(ref: str) -> str | None:
+            parts = ref.split(".")
+            if parts[0] == "workflow" and len(parts) == 3 and parts[1] == "parameters":
+                return self.params.get(parts[2])
+            if parts[0] == "workflow" and len(parts) == 2:
+                return scope["workflow"].get(parts[1])
+            if parts[0] == "inputs" and len(parts) == 3 and parts[1] == "parameters":
+                return scope["inputs"].get(parts[2])
+            if parts[0] == "tasks" and len(parts) == 5 and parts[2:4] == ["outputs", "parameters"]:
+                out = scope["outs"].get(parts[1])
+                if out is None:
+                    return None
+                f = Path(out) / "outputs" / parts[4]
+                return f.read_text().strip() if f.is_file() else output_default(parts[4])
+            return None
+        return get
+
+    # ----------------------------------------------------------- the walk
+
+    def run(self) -> str:
+        """Walk the main DAG, then the exit handler. Returns the workflow status."""
+        try:
+            with _sigterm_as_interrupt():
+                self._walk(self.graph.main, prefix="", inputs={})
+        except (KeyboardInterrupt, Interrupted):
+            self.interrupted = True
+            self.say("interrupted: stopping; the exit handler still runs")
+        status = "Failed" if self.interrupted or any(r.phase == "Failed" for r in self.results) else "Succeeded"
+        self._exit_handler(status)
+        return status
+
+    def _walk(self, dag: Dag, prefix: str, inputs: dict[str, str]) -> str:
+        phases: dict[str, str] = {}
+        outs: dict[str, str] = {}
+        failed = False
+        for task in dag.tasks:
+            scope = {"inputs": inputs, "outs": outs, "workflow": self._workflow_vars()}
+            res = self._decide(task, prefix, phases, scope)
+            if res is None:                              # it runs
+                if task.dag:
+                    sub = self.graph.dag(task.dag)
+                    sub_inputs = {k: substitute(v, self._lookup(scope)) for k, v in task.inputs.items()}
+                    seg = sub_inputs.get("engine", task.name) if sub.name == ENGINE_SEQUENCE else task.name
+                    self.say(f"{task.gate} {task.name}: start ({', '.join(f'{k}={v}' for k, v in sub_inputs.items())})")
+                    t = time.monotonic()
+                    phase = self._walk(sub, prefix=f"{prefix}{seg}/", inputs=sub_inputs)
+                    res = TaskResult(f"{prefix}{task.name}", task.name, task.gate, None, phase,
+                                     duration_s=round(time.monotonic() - t, 2),
+                                     reason="" if phase == "Succeeded" else "a task of the sequence failed")
+                    self.results.append(res)
+                    self.say(f"{task.gate} {task.name}: {phase.upper()} ({res.duration_s:.1f}s)")
+                else:
+                    res = self._run_task(task, prefix, scope)
+            phases[task.name] = res.phase
+            if res.out:
+                outs[task.name] = res.out
+            failed = failed or res.phase == "Failed"
+            if self.interrupted:
+                raise Interrupted()
+        return "Failed" if failed else "Succeeded"
+
+    def _decide(self, task: Task, prefix: str, phases: dict[str, str], scope: dict[str, Any]) -> TaskResult | None:
+        """A result for a task that does not run (Skipped/Omitted), or None when it runs."""
+        def skip(phase: str, reason: str) -> TaskResult:
+            r = TaskResult(f"{prefix}{task.name}", task.name, task.gate, task.step, phase, reason)
+            self.results.append(r)
+            self.say(f"{task.gate} {prefix}{task.name}: {phase.lower()} ({reason})")
+            return r
+
+        if task.cluster_only:
+            return skip("Skipped", "cluster-only task: the local back end has no such resource")
+        try:
+            if not eval_depends(task.depends, phases):
+                return skip("Omitted", f"depends not met: {task.depends}")
+            when = substitute(task.when, self._lookup(scope)) if task.when else None
+            if when is not None and not eval_when(when):
+                return skip("Skipped", f"when false: {task.when} -> {when}")
+        except ExpressionError as exc:
+            r = skip("Failed", f"graph expression error: {exc}")
+            return r
+        if self.gates is not None and task.step and not {task.name, task.step, task.gate} & self.gates:
+            return skip("Skipped", "not selected by --gates")
+        return None
+
+    def _workflow_vars(self) -> dict[str, str]:
+        return {"uid": self.run_dir.name, "name": f"gauntlet-local-{self.run_dir.name}"}
+
+    def _command(self, task: Task, out: Path, scope: dict[str, Any]) -> list[str]:
+        args = [substitute(a, self._lookup(scope)) for a in task.args]
+        return [self.python, "-m", self.cli, "step", task.step, "--profile", str(self.profile_file),
+                "--out", str(out), *args]
+
+    def _run_task(self, task: Task, prefix: str, scope: dict[str, Any]) -> TaskResult:
+        path = f"{prefix}{task.name}"
+        out = self.run_dir / path
+        res = TaskResult(path, task.name, task.gate, task.step, "Failed", out=str(out))
+        self.results.append(res)
+        try:
+            res.command = self._command(task, out, scope)
+        except ExpressionError as exc:
+            res.reason = f"graph expression error: {exc}"
+            self.say(f"{task.gate} {path}: FAILED ({res.reason})")
+            return res
+        module = self.steps.get(task.step or "")
+        if module is None or importlib.util.find_spec(module) is None:
+            res.reason = (f"step {task.step!r} is not available (module {module or '?'} is missing): "
+                          "the gate cannot run")
+            self.say(f"{task.gate} {path}: FAILED ({res.reason})")
+            return res
+        self.say(f"{task.gate} {path}: running `gauntlet step {task.step}`")
+        out.mkdir(parents=True, exist_ok=True)
+        t = time.monotonic()
+        try:
+            res.exit_code = self._spawn(res.command, out / "step.log", task.timeout_s or DEFAULT_TIMEOUT_S, path)
+        except BaseException:
+            res.reason = "interrupted (Ctrl-C or SIGTERM); the step was stopped"
+            res.verdict = _read_verdict(out)[0]
+            raise
+        finally:
+            res.duration_s = round(time.monotonic() - t, 2)
+            self.in_steps_s += time.monotonic() - t
+        res.verdict, res.failed_checks = _read_verdict(out)
+        if res.exit_code == 0:
+            res.phase = "Succeeded"
+        else:
+            res.reason = _failure_reason(res, out / "step.log")
+        self.say(f"{task.gate} {path}: {res.phase.upper()} verdict={res.verdict or '-'} ({res.duration_s:.1f}s)"
+                 + (f" - {res.reason}" if res.reason else ""))
+        return res
+
+    def _spawn(self, cmd: list[str], log: Path, timeout_s: float, label: str) -> int:
+        """Run one step; Ctrl-C reaches it (same process group), the runner waits for it to clean up."""
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                    cwd=self.cwd, env=self.env)
+            start = time.monotonic()
+            try:
+                while True:
+                    try:
+                        return proc.wait(timeout=HEARTBEAT_S)
+                    except subprocess.TimeoutExpired:
+                        el = time.monotonic() - start
+                        if el > timeout_s:
+                            self.say(f"{label}: past its {timeout_s:.0f}s deadline; interrupting it")
+                            _stop_child(proc)
+                            fh.write(f"\n[gauntlet run] killed after its {timeout_s:.0f}s deadline\n".encode())
+                            return 124
+                        self.say(f"  {label}: still running ({el:.0f}s)")
+            except BaseException:
+                self.interrupted = True
+                _stop_child(proc)
+                raise
+
+    # ----------------------------------------------------------- exit handler
+
+    def _exit_handler(self, status: str) -> None:
+        task = self.graph.exit_handler
+        failed = [r for r in self.results if r.phase == "Failed" and r.step]
+        failures = json.dumps([{"displayName": r.name, "templateName": r.step, "phase": "Failed",
+                                "message": r.reason, "path": r.path} for r in failed]) if failed else "null"
+        wf = {**self._workflow_vars(), "status": status, "failures": failures}
+        scope = {"inputs": {}, "outs": {}, "workflow": wf}
+        # Ctrl-C again must not cut the cleanup short: ignore it in the runner while cleanup runs
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self._run_task(task, "", scope)
+        except BaseException as exc:  # noqa: BLE001 - the engine guarantee below must still run
+            self.say(f"exit handler: {type(exc).__name__}: {exc}")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _stop_child(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=INTERRUPT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM to the runner behaves like Ctrl-C: stop the current gate, run the exit handler."""
+
+    def __enter__(self):
+        def handler(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+        try:
+            self.prev = signal.signal(signal.SIGTERM, handler)
+        except ValueError:
+            self.prev = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            signal.signal(signal.SIGTERM, self.prev)
+
+
+def _read_verdict(out: Path) -> tuple[str | None, list[dict[str, Any]]]:
+    try:
+        v = json.loads((out / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return None, []
+    bad = [{k: c.get(k) for k in ("name", "status", "expected", "observed", "detail")}
+           for c in v.get("checks", []) if c.get("status") in ("fail", "error")]
+    return v.get("status"), bad
+
+
+def _failure_reason(res: TaskResult, log: Path) -> str:
+    if res.failed_checks:
+        c = res.failed_checks[0]
+        more = f" (+{len(res.failed_checks) - 1} more)" if len(res.failed_checks) > 1 else ""
+        return f"{c['name']}: {c['detail']}{more}"
+    if res.exit_code == 124:
+        return "timed out"
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    tail = lines[-1] if lines else "no output"
+    return f"exit code {res.exit_code}: {tail[-300:]}"
+
+
+# ------------------------------------------------------------------ summary
+
+def write_summary(run_dir: Path, meta: dict[str, Any], results: list[TaskResult]) -> Path:
+    """summary.md: each gate, its status, duration, why it failed or was skipped."""
+    lines = [f"# gauntlet run {meta['run_id']}: {meta['status']}", "",
+             f"- profile: `{meta['profile']}`", f"- started: {meta['started']}, finished: {meta['finished']}",
+             f"- wall time: {meta['wall_s']:.1f} s; inside the gates' subprocesses: {meta['in_steps_s']:.1f} s; "
+             f"runner overhead: {meta['overhead_s']:.2f} s ({meta['overhead_pct']:.2f}% of wall)",
+             f"- engines stopped by the exit guarantee: {meta['stopped_engines'] or 'none left running'}", "",
+             "| gate | task | status | verdict | duration | detail |", "|---|---|---|---|---:|---|"]
+    for r in results:
+        detail = r.reason.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {r.gate} | `{r.path}` | {r.phase} | {r.verdict or '-'} | {r.duration_s:.1f} s | {detail} |")
+    failed = [r for r in results if r.failed_checks]
+    if failed:
+        lines += ["", "## Failing checks", ""]
+        for r in failed:
+            lines.append(f"### `{r.path}` ({r.out}/verdict.json)")
+            for c in r.failed_checks:
+                lines.append(f"- **{c['name']}** ({c['status']}): {c['detail']} - expected `{c['expected']}`, "
+                             f"observed `{c['observed']}`")
+    lines.append("")
+    path = run_dir / "summary.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+# ------------------------------------------------------------------ entry
+
+def _run_id() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def run_local(profile: Profile, args: argparse.Namespace) -> int:
+    """`gauntlet run`: the whole graph for ``profile`` on this machine; 0 when no gate failed."""
+    from steps._deploy_local import stop_all
+
+    graph = build_graph(profile)
+    run_id = getattr(args, "run_id", None) or _run_id()
+    run_dir = (Path(getattr(args, "runs_dir", None) or "runs") / run_id).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    params = {k: v[0] for k, v in graph.parameters.items()}
+    params["run-dir"] = str(run_dir)
+    if getattr(args, "engines", None):
+        params["engines"] = args.engines
+    gates = set(args.gates.split(",")) if getattr(args, "gates", None) else None
+    profile_file = profile_path(args.profile).resolve()
+    started = now_iso()
+    runner = Runner(graph, profile_file, run_dir, params, gates=gates, **getattr(args, "runner_overrides", {}))
+    runner.say(f"run {run_id}: profile {profile.name}, evidence in {run_dir}")
+    status = runner.run()
+    stopped = stop_all(run_dir)
+    if stopped:
+        runner.say(f"stopped {len(stopped)} engine group(s) the gates left running: {stopped}")
+    wall = time.monotonic() - runner.t0
+    overhead = max(0.0, wall - runner.in_steps_s)
+    meta = {"run_id": run_id, "profile": str(profile_file), "status": status, "started": started,
+            "finished": now_iso(), "wall_s": round(wall, 2), "in_steps_s": round(runner.in_steps_s, 2),
+            "overhead_s": round(overhead, 3), "overhead_pct": round(100 * overhead / wall, 3) if wall else 0.0,
+            "interrupted": runner.interrupted, "parameters": params,
+            "stopped_engines": [{k: v for k, v in s.items() if k != "dir"} for s in stopped]}
+    write_json_atomic(run_dir / "run.json", {**meta, "tasks": [asdict(r) for r in runner.results]})
+    summary = write_summary(run_dir, meta, runner.results)
+    runner.say(f"{status.upper()} in {wall:.1f}s (runner overhead {overhead:.2f}s, "
+               f"{meta['overhead_pct']:.2f}%); {summary}")
+    if runner.interrupted:
+        return 130
+    return 0 if status == "Succeeded" and not any(r.phase == "Failed" for r in runner.results) else 1
