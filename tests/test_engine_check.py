@@ -1,0 +1,106 @@
+"""engine-check against the installed vLLM CPU build: its own registry and parser judge the plan."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from params import load_profile
+from params.models import Profile
+from steps._evidence import Verdict
+from steps.engine_check import VllmAdapter, collect, judge, planned_argvs
+from steps.synth import synth_from_profile
+from workflows.cli import main
+
+pytestmark = pytest.mark.slow
+LOCAL = load_profile("local-cpu")
+KIMI = load_profile("kimi-k3-h20")
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+
+
+@pytest.fixture(scope="module")
+def vllm_adapter():
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    return VllmAdapter()   # imports vLLM and builds its server parser once (about 20 s on 2 cores)
+
+
+def _engine(profile: Profile, engine: str = "vllm", **changes) -> Profile:
+    spec = profile.engines[engine]
+    args = changes.pop("args", None)
+    if args:
+        spec = spec.model_copy(update={"args": spec.args.model_copy(update=args)})
+    spec = spec.model_copy(update=changes)
+    return profile.model_copy(update={"engines": {**profile.engines, engine: spec}})
+
+
+def _checks(adapter, profile: Profile, archs=None) -> dict:
+    facts = collect(adapter, planned_argvs(profile, "vllm", "/models/m"))
+    archs = archs if archs is not None else profile.model.architecture.architectures
+    return {c.name: c for c in judge(facts, profile, "vllm", archs, "the profile")}
+
+
+@needs_vllm
+def test_local_cpu_profile_passes_through_the_cli(tmp_path):
+    rc = main(["step", "engine-check", "--profile", "local-cpu", "--engine", "vllm", "--out", str(tmp_path)])
+    v = Verdict.read(tmp_path)
+    assert rc == 0, [(c.name, c.detail) for c in v.checks]
+    s = {c.name: c.status for c in v.checks}
+    assert s == {"engine-import": "pass", "architecture": "pass", "cli-flags": "pass",
+                 "reasoning-parser": "skip", "tool-call-parser": "pass"}
+    assert "--tool-call-parser" in v.metrics["argv"]["rank0"]
+
+
+def test_unknown_flag_fails_cli_flags(vllm_adapter):
+    c = _checks(vllm_adapter, _engine(LOCAL, args={"extra": {"no-such-flag": True}}))
+    assert c["cli-flags"].status == "fail" and "unrecognized arguments: --no-such-flag" in c["cli-flags"].detail
+    assert c["architecture"].status == "pass" and c["tool-call-parser"].status == "pass"
+
+
+def test_abbreviated_flag_is_not_accepted_as_a_prefix(vllm_adapter):
+    c = _checks(vllm_adapter, _engine(LOCAL, args={"extra": {"max-num-batched": 256}}))
+    assert c["cli-flags"].status == "fail" and "--max-num-batched" in c["cli-flags"].detail
+
+
+def test_unknown_tool_parser_fails_its_check(vllm_adapter):
+    c = _checks(vllm_adapter, _engine(LOCAL, tool_call_parser="no_such_parser"))
+    assert c["tool-call-parser"].status == "fail"
+    assert "'no_such_parser' is not registered" in c["tool-call-parser"].detail and "hermes" in c["tool-call-parser"].detail
+
+
+def test_unknown_reasoning_parser_fails_its_check(vllm_adapter):
+    c = _checks(vllm_adapter, _engine(LOCAL, reasoning_parser="no_such_reasoner"))
+    assert c["reasoning-parser"].status == "fail" and "no_such_reasoner" in c["reasoning-parser"].detail
+
+
+def test_unregistered_architecture_fails(vllm_adapter):
+    c = _checks(vllm_adapter, LOCAL, archs=["NoSuchModelForCausalLM"])
+    assert c["architecture"].status == "fail" and "NoSuchModelForCausalLM" in c["architecture"].detail
+
+
+def test_unknown_attention_backend_is_refused_by_vllms_config(vllm_adapter):
+    c = _checks(vllm_adapter, _engine(LOCAL, args={"attention_backend": "bogus"}))
+    assert c["cli-flags"].status == "fail" and "Unknown attention backend" in c["cli-flags"].detail
+
+
+def test_auto_tool_choice_without_a_parser_fails_vllms_own_validation(vllm_adapter):
+    c = _checks(vllm_adapter, _engine(LOCAL, tool_call_parser=None))
+    assert c["cli-flags"].status == "fail" and "--enable-auto-tool-choice requires --tool-call-parser" in c["cli-flags"].detail
+
+
+def test_kimi_plan_both_ranks_and_parsers_accepted_by_vllm_032(vllm_adapter, tmp_path):
+    """The Kimi vLLM plan (two nodes, --headless on rank 1, FLASHMLA, kimi_k3 parsers) parses as is."""
+    model = synth_from_profile(KIMI, tmp_path / "kimi")
+    facts = collect(vllm_adapter, planned_argvs(KIMI, "vllm", str(model)))
+    assert set(facts["parse"]) == {"rank0", "rank1"} and "--headless" in facts["argv"]["rank1"]
+    c = {c.name: c for c in judge(facts, KIMI, "vllm", ["KimiK3ForConditionalGeneration"], f"{model}/config.json")}
+    assert all(c[n].status == "pass" for n in ("cli-flags", "reasoning-parser", "tool-call-parser", "architecture"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
+def test_sglang_outside_its_image_is_an_error_not_a_crash(tmp_path, capsys):
+    rc = main(["step", "engine-check", "--profile", "kimi-k3-h20", "--engine", "sglang", "--out", str(tmp_path)])
+    v = Verdict.read(tmp_path)
+    assert rc == 1 and v.status == "error"
+    assert "must run inside the engine image" in v.checks[0].detail and not (tmp_path / "traceback.txt").exists()
