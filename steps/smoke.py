@@ -64,7 +64,7 @@ WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city", "parameters": WEATHER_SCHEMA}}
 TOOL_PROMPT = "What is the weather like in Paris right now? Use the get_weather tool."
 TOOL_FINISH = {"named": "stop", "auto": "tool_calls"}  # OpenAI's and vLLM 0.32's finish_reason per choice
-RECALL_NAME = "Zorblat"  # not a name a model would guess without the first turn
+RECALL_NAME = "Quentin"  # not guessable without turn 1; SmolLM2 copies it exactly ("Zorblat" came back "Zorblad")
 IMAGE_COLOUR = "red"
 
 
@@ -236,7 +236,7 @@ def check_arithmetic(ctx: Ctx) -> list[Check]:
             problems.append(f"not deterministic at temperature 0: {first_text!r} then {again.content!r}")
     ctx.answers["arithmetic"] = observed
     expected = [p.expected for p in probes]
-    said = ", ".join(str(o.get("parsed")) for o in observed if not o.get("repeat"))
+    said = ", ".join("?" if o.get("parsed") is None else f"{o['parsed']:g}" for o in observed if not o.get("repeat"))
     return [_verdict("arithmetic", problems, expected, observed,
                      f"{len(probes)}/{len(probes)} right ({said}), repeat identical")]
 

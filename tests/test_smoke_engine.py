@@ -4,16 +4,21 @@ The engine tests share the session's engine (``local_engine`` in conftest.py);
 set GAUNTLET_TEST_ENDPOINT to point them at an engine you started yourself.
 Negative cases fail the *right* check: a wrong served name fails ``models``;
 SmolLM2's real wrong answer (12+30 -> 32) fails ``arithmetic`` and nothing else;
-a server answering HTTP 200 with garbage passes nothing; an engine killed
-mid-run fails every check after the kill. The killed engine is a second real
-vLLM engine started for that test only (steps._engine_local.LocalEngine), so
-the shared one stays up; it costs one more engine start-up (about 2.5 min).
+a server answering HTTP 200 with garbage passes nothing (a tiny http.server
+on 127.0.0.1 in a thread); vLLM's strict tool tags ("Paris" for arguments) fail
+``tool-call``; an engine killed mid-run fails every check after the kill. The
+last two share a second real vLLM engine started for that test only
+(steps._engine_local.LocalEngine), SIGKILLed (whole process group) after the
+tool-call check, so the shared engine stays up; it costs one more engine
+start-up (about 2.5 min on 2 idle cores).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -78,7 +83,7 @@ def test_every_check_passes_or_skips_on_smollm2(endpoint, tmp_path):
     # content, not status codes: the answers themselves are in the evidence
     assert [o["parsed"] for o in by_name["arithmetic"]["observed"][:2]] == [5, 56]
     assert json.loads(by_name["tool-call"]["observed"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
-    assert "Zorblat" in by_name["multi-turn"]["observed"]["turn2"]
+    assert "Quentin" in by_name["multi-turn"]["observed"]["turn2"]
     for n in ("image-refused", "invalid-image", "over-long-prompt"):
         assert by_name[n]["observed"]["status"] == 400, by_name[n]
     assert "8192" in by_name["over-long-prompt"]["observed"]["error"]["message"]
@@ -110,20 +115,42 @@ def test_real_wrong_answer_fails_arithmetic_only(endpoint, tmp_path):
 
 
 @pytest.mark.engine
-def test_engine_killed_mid_run_fails_the_checks_after_it(tmp_path):
-    """A second real engine (LocalEngine), SIGKILLed after the tool-call check."""
-    LocalEngine = pytest.importorskip("steps._engine_local").LocalEngine
+def test_strict_tool_tags_and_engine_killed_mid_run(tmp_path):
+    """A second real engine for this test only (LocalEngine; the shared one stays up), two negatives.
+
+    It runs with vLLM's default strict tool calling (VLLM_ENFORCE_STRICT_TOOL_CALLING=1), under which
+    the named hermes call comes back with arguments ``"Paris"`` (DESIGN.md): ``tool-call`` must fail
+    on the schema. Then its process group is SIGKILLed and every later check must fail as unreachable.
+    """
+    from steps._engine_local import LocalEngine, free_port, group_members
+    from steps.engine_cmd import engine_command, engine_env
+    from steps.models_local import prepare
+
     profile = load_profile("local-cpu")
-    engine = LocalEngine(profile, "vllm", log_dir=tmp_path, port=8791)
+    spec = profile.engines["vllm"].model_copy(update={"port": free_port()})
+    argv = engine_command("vllm", spec, model_path=str(prepare("smollm2")), served_name=profile.model.served_name,
+                          python=sys.executable, host="127.0.0.1")
+    env = {**engine_env("vllm", spec), "VLLM_ENFORCE_STRICT_TOOL_CALLING": "1"}
+    engine = LocalEngine(argv, spec.port, profile.model.served_name, tmp_path / "engine.log", env=env,
+                         startup_timeout_s=spec.startup_timeout_s)
+
+    def kill_after_tool_call(name: str) -> None:
+        if name == "tool-call":
+            os.killpg(engine.pgid, signal.SIGKILL)
+            engine.proc.wait(timeout=30)
+
     with engine:
-        checks = _smoke(engine.endpoint, profile, after=lambda name: name == "tool-call" and engine.kill())
+        pgid = engine.pgid
+        checks = _smoke(engine.base_url, profile, after=kill_after_tool_call)
         assert not engine.alive()
-    before, after = ["models", "arithmetic", "tool-call"], ["streaming", "multi-turn", "image-refused",
-                                                             "invalid-image", "over-long-prompt"]
-    assert all(checks[n].status == "pass" for n in before), {n: checks[n].detail for n in before}
-    for n in after:
+    assert group_members(pgid) == []
+    assert checks["models"].status == "pass" and checks["arithmetic"].status == "pass"
+    assert checks["tool-call"].status == "fail"
+    assert "'Paris' is not of type 'object'" in checks["tool-call"].detail, checks["tool-call"].detail
+    for n in ("streaming", "multi-turn", "image-refused", "invalid-image", "over-long-prompt"):
         assert checks[n].status == "fail", (n, checks[n].detail)
-        assert "no response" in checks[n].detail, (n, checks[n].detail)
+        assert "no response: ConnectError" in checks[n].detail, (n, checks[n].detail)
+    assert "engine dead or unreachable" in checks["over-long-prompt"].detail
 
 
 # ---------------------------------------------------------------- a liar: HTTP 200 with garbage
