@@ -33,9 +33,9 @@ __all__ = ["Rule", "Label", "METRICS", "judge_metric", "judge", "nightly_medians
 METRICS: dict[str, tuple[int, float]] = {
     "output_throughput": (+1, 0.03),
     "request_throughput": (+1, 0.03),
-    "p99_ttft_ms": (-1, 0.10),
-    "p99_tpot_ms": (-1, 0.05),
-    "p99_e2el_ms": (-1, 0.05),
+    "p99_ttft_ms": (-1, 0.25),   # P99s of a few prompts are heavy-tailed (docs/regression.md)
+    "p99_tpot_ms": (-1, 0.15),
+    "p99_e2el_ms": (-1, 0.15),
 }
 SIGMA_PER_MAD = 1.4826
 
@@ -44,7 +44,7 @@ SIGMA_PER_MAD = 1.4826
 class Rule:
     k: float = 3.0
     window: int = 14
-    min_history: int = 5
+    min_history: int = 7
 
 
 DEFAULT_RULE = Rule()

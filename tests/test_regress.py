@@ -26,7 +26,7 @@ def test_latency_direction_is_inverted():
 
 
 def test_insufficient_history():
-    assert judge_metric(50.0, _hist(4), +1, 0.03)[0] == "insufficient history"
+    assert judge_metric(50.0, _hist(6), +1, 0.03)[0] == "insufficient history"
     assert judge_metric(None, _hist(10), +1, 0.03)[0] == "insufficient history"
 
 
@@ -43,7 +43,7 @@ def test_noisy_history_widens_the_band():
 def test_window_keeps_only_recent_nights():
     old = [200.0] * 20
     recent = _hist(5)
-    assert judge_metric(100.0, old + recent, +1, 0.03, Rule(window=5))[0] == "ok"
+    assert judge_metric(100.0, old + recent, +1, 0.03, Rule(window=5, min_history=5))[0] == "ok"
 
 
 def test_judge_labels_every_metric():
@@ -83,7 +83,7 @@ def _store(tmp_path, nights, drop=1.0):
 
 def _args(tmp_path, run_id):
     return argparse.Namespace(profile_obj=load_profile("local-cpu"), results_uri=str(tmp_path / "store"),
-                              run_id=run_id, k=3.0, window=14, min_history=5)
+                              run_id=run_id, k=3.0, window=14, min_history=7)
 
 
 def test_step_flags_an_injected_10pct_drop(tmp_path):
