@@ -179,7 +179,7 @@ def _verdict(name: str, problems: list[str], expected: Any, observed: Any, ok_de
 def _right_answer(ctx: Ctx, label: str) -> list[str]:
     """Ask the first arithmetic probe; problems unless the answer is right and sane."""
     probe = ctx.profile.smoke.arithmetic[0]
-    ex, a = ctx.ask(probe.prompt)
+    _, a = ctx.ask(probe.prompt)
     problems = list(a.problems) or sanity_problems(a.content, a.finish_reason)
     if not a.problems:
         j = judge_number(a.content, probe.expected)
@@ -215,7 +215,7 @@ def check_arithmetic(ctx: Ctx) -> list[Check]:
     observed = []
     first_text = None
     for i, probe in enumerate(probes):
-        ex, a = ctx.ask(probe.prompt)
+        _, a = ctx.ask(probe.prompt)
         j = judge_number(a.content, probe.expected) if not a.problems else None
         observed.append({"prompt": probe.prompt, "answer": a.content, "parsed": j.parsed if j else None})
         if a.problems:
@@ -228,7 +228,7 @@ def check_arithmetic(ctx: Ctx) -> list[Check]:
             first_text = a.content
     if first_text is not None:
         # temperature 0 is deterministic: the same question gets the same text
-        ex, again = ctx.ask(probes[0].prompt)
+        _, again = ctx.ask(probes[0].prompt)
         observed.append({"prompt": probes[0].prompt, "answer": again.content, "repeat": True})
         if again.problems:
             problems += [f"repeat: {p}" for p in again.problems]
@@ -246,7 +246,7 @@ def check_reasoning(ctx: Ctx) -> list[Check]:
         return [Check("reasoning", "skip", None, None,
                       f"model.reasoning is false: {ctx.profile.model.id} has no reasoning mode")]
     probe = ctx.profile.smoke.arithmetic[0]
-    ex, a = ctx.ask(probe.prompt)
+    _, a = ctx.ask(probe.prompt)
     problems = judge_reasoning(a)
     if not a.problems and a.content.strip():
         j = judge_number(a.content, probe.expected)
@@ -262,7 +262,7 @@ def check_tool_call(ctx: Ctx) -> list[Check]:
     mode = ctx.profile.smoke.tool_choice
     choice: Any = ({"type": "function", "function": {"name": "get_weather"}} if mode == "named" else "auto")
     finish = TOOL_FINISH[mode]
-    ex, a = ctx.ask(TOOL_PROMPT, tools=[WEATHER_TOOL], tool_choice=choice)
+    _, a = ctx.ask(TOOL_PROMPT, tools=[WEATHER_TOOL], tool_choice=choice)
     problems, args = judge_tool_call(a, name="get_weather", schema=WEATHER_SCHEMA, finish_reason=finish)
     if not problems and not mentions(str(args.get("city", "")), "Paris"):
         problems.append(f"asked about Paris, the call says city={args.get('city')!r}")
@@ -283,8 +283,9 @@ def check_streaming(ctx: Ctx) -> list[Check]:
     probe = ctx.profile.smoke.arithmetic[0]
     body = {"model": ctx.model, "messages": [_user(probe.prompt)], "temperature": 0,
             "max_tokens": ctx.profile.smoke.max_tokens}
-    plain_ex, plain = ctx.ask(probe.prompt)
+    _, plain = ctx.ask(probe.prompt)
     ex, raw = ctx.client.stream("/v1/chat/completions", body)
+    s = parse_sse(raw)
     problems: list[str] = []
     if ex.status is None:
         problems.append(f"no response: {ex.error}")
@@ -293,7 +294,6 @@ def check_streaming(ctx: Ctx) -> list[Check]:
     else:
         if ex.error:
             problems.append(ex.error)
-        s = parse_sse(raw)
         problems += s.problems
         problems += sanity_problems(s.content, s.finish_reason)
         j = judge_number(s.content, probe.expected)
@@ -303,21 +303,21 @@ def check_streaming(ctx: Ctx) -> list[Check]:
             problems += [f"non-streamed: {p}" for p in plain.problems]
         elif s.content != plain.content:
             problems.append(f"streamed text {s.content!r} differs from the non-streamed {plain.content!r}")
-    observed = {"streamed": parse_sse(raw).content if raw else None, "non_streamed": plain.content,
-                "events": raw.count("data:")}
+    observed = {"streamed": s.content, "non_streamed": plain.content, "events": len(s.chunks) + s.done,
+                "finish_reason": s.finish_reason}
     return [_verdict("streaming", problems, plain.content or None, observed,
                      f"{observed['events']} SSE events ending [DONE]; assembled text equals the non-streamed answer")]
 
 
 def check_multi_turn(ctx: Ctx) -> list[Check]:
     first = _user(f"My name is {RECALL_NAME}. Please greet me in one short sentence.")
-    ex1, a1 = ctx.chat([first])
+    _, a1 = ctx.chat([first])
     problems = [f"turn 1: {p}" for p in (a1.problems or sanity_problems(a1.content, a1.finish_reason))]
     if a1.problems:
         return [_verdict("multi-turn", problems, RECALL_NAME, {"turn1": a1.content}, "")]
     history = [first, {"role": "assistant", "content": a1.content},
                _user("What is my name? Answer with just the name.")]
-    ex2, a2 = ctx.chat(history)
+    _, a2 = ctx.chat(history)
     problems += [f"turn 2: {p}" for p in (a2.problems or sanity_problems(a2.content, a2.finish_reason))]
     if not a2.problems and not mentions(a2.content, RECALL_NAME):
         problems.append(f"turn 2 did not use turn 1: asked for the name, got {a2.content[:80]!r}")
@@ -353,7 +353,7 @@ def check_image(ctx: Ctx) -> list[Check]:
         return [skip, _refused_then_right(ctx, "image-refused", ex, (), "the image")]
     if not ctx.profile.smoke.image_probe:
         return [Check("image", "skip", None, None, "smoke.image_probe is false in the profile")]
-    ex, a = ctx.chat(_image_message(url, prompt))
+    _, a = ctx.chat(_image_message(url, prompt))
     problems = list(a.problems) or sanity_problems(a.content, a.finish_reason)
     if not a.problems:
         if not mentions(a.content, IMAGE_COLOUR):

@@ -289,3 +289,28 @@ def test_judge_reasoning(answer, needle):
         assert problems == []
     else:
         assert any(needle in p for p in problems), problems
+
+
+# ---------------------------------------------------------------- endpoint and arguments
+
+
+@pytest.mark.parametrize("url, base", [
+    ("http://127.0.0.1:8765", "http://127.0.0.1:8765"),
+    ("http://127.0.0.1:8765/", "http://127.0.0.1:8765"),
+    ("http://127.0.0.1:8765/v1", "http://127.0.0.1:8765"),
+    ("https://gw.example/kimi/v1/", "https://gw.example/kimi"),
+])
+def test_normalize_endpoint(url, base):
+    from steps.smoke import normalize_endpoint
+    assert normalize_endpoint(url) == base
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--endpoint", "127.0.0.1:8765"], "expected an http(s) URL"),
+    (["--endpoint", "http://127.0.0.1:9", "--engine", "sglang"], "--engine sglang: not in profile local-cpu"),
+])
+def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
+    from workflows.cli import main
+    rc = main(["step", "smoke", "--profile", "local-cpu", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err

@@ -115,20 +115,22 @@ def test_real_wrong_answer_fails_arithmetic_only(endpoint, tmp_path):
 
 
 @pytest.mark.engine
-def test_strict_tool_tags_and_engine_killed_mid_run(tmp_path):
+def test_strict_tool_tags_and_engine_killed_mid_run(tmp_path, local_model):
     """A second real engine for this test only (LocalEngine; the shared one stays up), two negatives.
 
     It runs with vLLM's default strict tool calling (VLLM_ENFORCE_STRICT_TOOL_CALLING=1), under which
     the named hermes call comes back with arguments ``"Paris"`` (DESIGN.md): ``tool-call`` must fail
     on the schema. Then its process group is SIGKILLed and every later check must fail as unreachable.
     """
+    from conftest import require_vllm
+
+    require_vllm()
     from steps._engine_local import LocalEngine, free_port, group_members
     from steps.engine_cmd import engine_command, engine_env
-    from steps.models_local import prepare
 
     profile = load_profile("local-cpu")
     spec = profile.engines["vllm"].model_copy(update={"port": free_port()})
-    argv = engine_command("vllm", spec, model_path=str(prepare("smollm2")), served_name=profile.model.served_name,
+    argv = engine_command("vllm", spec, model_path=str(local_model), served_name=profile.model.served_name,
                           python=sys.executable, host="127.0.0.1")
     env = {**engine_env("vllm", spec), "VLLM_ENFORCE_STRICT_TOOL_CALLING": "1"}
     engine = LocalEngine(argv, spec.port, profile.model.served_name, tmp_path / "engine.log", env=env,
