@@ -76,7 +76,7 @@ class Hardware(Strict):
     node_pool: str
     nodes: list[Node] = []
     gpus_per_node: int = 0
-    gpu_model: str | None = Field(None, description="substring of nvidia-smi's name, e.g. 'H20'")
+    gpu_model: str | None = Field(None, description="a token of nvidia-smi's name: 'H20' matches 'NVIDIA H20', not 'NVIDIA H200'")
     gpu_memory_mib_min: int | None = None
     gpu_arch: Literal["hopper", "blackwell", "ampere", "cpu"] = "cpu"
     driver_min: str | None = None
