@@ -139,6 +139,8 @@ def _run_kubernetes(profile: Profile, engine: str, env: dict[str, str], args: ar
     phases = ["intra"] + (["inter"] if len(profile.hardware.nodes) > 1 else [])
     found: dict[str, tuple[list[dict[str, Any] | None], list[str], str]] = {}
     for phase in phases:
+        if phase == "inter" and not all(r and all(x["correct"] for x in r["results"]) for r in found["intra"][0]):
+            break       # a node that fails alone would only fail again across nodes: keep the GPUs' time
         names = M.probe_names(phase, run_id)
         objs = [M.probe_job(profile, phase, run_id, image, env, src, _probe_args(profile, args.sizes))]
         if phase == "inter":
@@ -204,6 +206,9 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
     found = (_run_kubernetes(profile, engine, env, args, out) if launcher == "kubernetes"
              else _run_local(profile, env, args, out))
     metrics: dict[str, Any] = {"engine": engine, "launcher": launcher, "env": env, "phases": {}}
+    if launcher == "kubernetes" and len(profile.hardware.nodes) > 1 and "inter" not in found:
+        checks.append(Check("inter_ran", "skip", "after a clean intra-node phase", None,
+                            "the cross-node probe did not run: the intra-node phase failed first"))
     for phase, (results, where, log) in found.items():
         checks += judge_phase(phase, results, profile.hardware.network, where)
         metrics["phases"][phase] = {

@@ -123,3 +123,13 @@ def test_foreign_gpu_pods_listed_from_the_api(cluster):
     assert pods == [{"namespace": "search", "name": "embedder-0", "gpus": 2, "run": None}]
     c = nodes.judge_foreign_pods(pods, UID, "h20-node-02")
     assert c.status == "fail" and "search/embedder-0" in c.detail
+
+
+def test_inter_phase_skipped_after_a_failed_intra_phase(cluster, tmp_path):
+    d = cluster
+    d.pod_log = lambda pod, c: probe_log(8, 400.0, correct=False)
+    (checks, metrics), _ = run(tmp_path)
+    c = {x.name: x for x in checks}
+    assert c["intra_correct"].status == "fail" and c["inter_ran"].status == "skip"
+    assert list(metrics["phases"]) == ["intra"]
+    assert not [p for (m, p, _, _) in d.requests if m == "PATCH" and "netprobe-inter" in p]
