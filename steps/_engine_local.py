@@ -84,6 +84,22 @@ def kill_group(pgid: int, grace_s: float = 10.0, reap: subprocess.Popen | None =
     ``reap`` is our own child (the group leader), waited for so it does not linger as a zombie.
     Raises EngineError if anything survives SIGKILL.
     """
+    with _signals_deferred():
+        return _kill_group(pgid, grace_s, reap)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while killing: a second Ctrl-C must not cut the kill short."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _kill_group(pgid: int, grace_s: float, reap: subprocess.Popen | None) -> list[int]:
     alive = group_members(pgid)
     if not alive:
         _reap(reap)

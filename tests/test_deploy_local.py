@@ -1,0 +1,135 @@
+"""Gate 2, local back end, against the real vLLM CPU engine through `gauntlet step deploy/teardown`.
+
+Each test runs the step as a subprocess (as the runner and Argo do) on a private copy of
+the local-cpu profile with a free port, and checks afterwards that no process of the
+engine's group is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from params import profile_path
+from steps._deploy_local import find_labelled, state_path
+from steps._engine_local import free_port, group_members, port_open
+
+from conftest import REPO, require_vllm
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def profile_file(tmp_path: Path, local_model: Path):
+    require_vllm()
+
+    def make(**engine_edits) -> tuple[Path, int]:
+        doc = yaml.safe_load(profile_path("local-cpu").read_text())
+        port = free_port()
+        doc["model"]["mount_path"] = str(local_model)
+        doc["engines"]["vllm"]["port"] = port
+        for k, v in engine_edits.items():
+            if k == "extra":
+                doc["engines"]["vllm"]["args"]["extra"].update(v)
+            else:
+                doc["engines"]["vllm"][k] = v
+        p = tmp_path / "profile.yaml"
+        p.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return p, port
+    return make
+
+
+def step(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workflows.cli", "step", *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def verdict(out: Path) -> dict:
+    return json.loads((out / "verdict.json").read_text())
+
+
+def test_deploy_outlives_the_step_then_teardown_stops_it(tmp_path: Path, profile_file) -> None:
+    prof, port = profile_file()
+    seq = tmp_path / "run" / "vllm"
+    r = step("deploy", "--profile", str(prof), "--out", str(seq / "deploy"), "--engine", "vllm")
+    v = verdict(seq / "deploy")
+    try:
+        assert r.returncode == 0, (v, r.stderr[-2000:])
+        m = v["metrics"]
+        assert (seq / "deploy" / "outputs" / "endpoint").read_text() == f"http://127.0.0.1:{port}"
+        assert m["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enforce-eager" in m["command"]
+        assert m["env"]["VLLM_CPU_KVCACHE_SPACE"] and m["env"]["GAUNTLET_ENGINE_DIR"] == str(seq.resolve())
+        assert 1 < m["startup_s"] < 600 and m["peak_rss_bytes"] > 300 << 20
+        assert "Starting vLLM" in (seq / "deploy" / "engine.log").read_text()
+        state = json.loads(state_path(seq.resolve(), "vllm").read_text())
+        assert state["port"] == port and group_members(state["pgid"])
+        # the deploy process is gone, the engine answers for the next gates
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
+            "model": "smollm2-135m", "temperature": 0, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "What is 2+3? Answer with just the number."}]})
+        assert "5" in resp.json()["choices"][0]["message"]["content"]
+    finally:
+        t = step("teardown", "--profile", str(prof), "--out", str(seq / "teardown"), "--engine", "vllm")
+    tv = verdict(seq / "teardown")
+    assert t.returncode == 0, tv
+    assert {c["name"]: c["status"] for c in tv["checks"]} == {"engine-stopped": "pass", "port-released": "pass"}
+    assert group_members(state["pgid"]) == [] and not port_open("127.0.0.1", port)
+    assert find_labelled(seq) == {}
+
+
+def test_engine_that_dies_fails_the_gate_fast(tmp_path: Path, profile_file) -> None:
+    prof, port = profile_file(extra={"no-such-engine-flag": True})
+    out = tmp_path / "run" / "vllm" / "deploy"
+    t0 = time.monotonic()
+    r = step("deploy", "--profile", str(prof), "--out", str(out), "--engine", "vllm")
+    v = verdict(out)
+    assert r.returncode == 1 and v["status"] == "fail"
+    ready = next(c for c in v["checks"] if c["name"] == "engine-ready")
+    assert ready["observed"] == "exit code 2" and "no-such-engine-flag" in ready["detail"]
+    assert time.monotonic() - t0 < 300
+    assert find_labelled(out.parent) == {} and not state_path(out.parent.resolve(), "vllm").exists()
+
+
+def test_readiness_timeout_fails_and_leaves_nothing(tmp_path: Path, profile_file) -> None:
+    prof, port = profile_file(startup_timeout_s=8)
+    out = tmp_path / "run" / "vllm" / "deploy"
+    r = step("deploy", "--profile", str(prof), "--out", str(out), "--engine", "vllm")
+    v = verdict(out)
+    assert r.returncode == 1
+    ready = next(c for c in v["checks"] if c["name"] == "engine-ready")
+    assert ready["status"] == "fail" and "not ready within 8s" in ready["detail"]
+    assert find_labelled(out.parent) == {} and not port_open("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_deploy_leaves_nothing(tmp_path: Path, profile_file, sig: signal.Signals) -> None:
+    prof, port = profile_file()
+    seq = tmp_path / "run" / "vllm"
+    proc = subprocess.Popen([sys.executable, "-m", "workflows.cli", "step", "deploy", "--profile", str(prof),
+                             "--out", str(seq / "deploy"), "--engine", "vllm"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state = state_path(seq.resolve(), "vllm")
+    deadline = time.monotonic() + 120
+    while not state.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.2)
+    pgid = json.loads(state.read_text())["pgid"]
+    deadline = time.monotonic() + 60
+    while len(group_members(pgid)) < 2 and time.monotonic() < deadline:   # API server + engine core
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert group_members(pgid) == [] and find_labelled(seq) == {}
+    assert not state.exists()
+    assert verdict(seq / "deploy")["checks"][0]["name"] == "interrupted"
+    assert os.path.getsize(seq / "deploy" / "engine.log") > 0
