@@ -11,15 +11,18 @@ length) or ``error`` (5xx, no response, timeout: a crash). The profile says
 what each rung should do (``Rung.expect``):
 
 - ``pass``: anything but ``passed`` fails the gate;
-- ``fail``: a *known* capability limit (SmolLM2 misses the needle at ~4.9K
-  tokens): ``missed``/``refused`` are recorded as "beyond capability (known)"
-  and pass; ``passed`` also passes, with a note to raise the expectation;
+- ``fail``: a *known* capability limit (SmolLM2 finds this needle up to ~6K
+  prompt tokens and misses it at ~8.1K): ``missed``/``refused`` are recorded as
+  "beyond capability (known)" and pass; ``passed`` also passes, with a note to
+  raise the expectation;
 - ``refused``: over the engine's max length: a 4xx is "beyond capability:
   refused by the engine" and passes; a 200 or a crash fails.
 
-Whatever the expectation, the ladder stops after the first rung that did not
-pass (higher rungs are recorded "not run"), so a 1M request never follows a
-miss, and ``unlock_all_lower`` (the gate for ``requires_all_lower`` rungs) is
+The local ladder is 1K/2K/4K ``pass``, 8K ``fail`` (the known limit) and 16K
+``refused`` behind ``requires_all_lower``. Whatever the expectation, the ladder
+stops after the first rung that did not pass (higher rungs are recorded "not
+run"; within a rung, after its first missed depth), so a 1M request never
+follows a miss, and ``unlock_all_lower`` (the gate for ``requires_all_lower`` rungs) is
 true only when every rung this step ran passed. vLLM rungs at or above
 ``longctx_blocked_from_tokens`` are refused before sending (skipped with the
 reason) unless the image lists ``longctx_fix`` in ``fixes``. Ladder results
@@ -237,8 +240,8 @@ def run_rung(client: _Client, rung: Rung, depths: list[float], max_tokens: int) 
             msg = (body or {}).get("error", {}) if isinstance(body, dict) else {}
             p.error = f"HTTP {status}: {(msg.get('message') if isinstance(msg, dict) else msg) or ''}"[:200]
         probes.append(p)
-        if status is None or status >= 400:
-            break  # a refusal or crash says the same at every depth
+        if status is None or status >= 400 or not p.found:
+            break  # the rung has already not passed: stop at the first failure, here too
     outcome = rung_outcome(probes)
     status, label, detail = judge_rung(rung, outcome, probes)
     return RungResult(rung.tokens, rung.expect, outcome, status, label, detail, probes)

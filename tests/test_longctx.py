@@ -29,8 +29,9 @@ def test_ladder_stops_at_first_failure():
 def test_local_ladder_known_limit_is_recorded_not_failed():
     lad = load_profile("local-cpu").longctx.ladder
     base = [r for r in lad if not r.requires_all_lower]
-    res = run_ladder(base, _send({1024: "passed", 2048: "passed", 4096: "missed"}), lambda r: None)
-    assert [r.status for r in res] == ["pass", "pass", "pass"]
+    res = run_ladder(base, _send({1024: "passed", 2048: "passed", 4096: "passed", 8192: "missed"}), lambda r: None)
+    assert [r.tokens for r in res] == [1024, 2048, 4096, 8192]
+    assert [r.status for r in res] == ["pass", "pass", "pass", "pass"]
     assert res[-1].label == "beyond capability (known)"
     assert not all(r.outcome == "passed" for r in res)  # so unlock_all_lower stays false
 
