@@ -53,6 +53,7 @@ class Task:
     cluster_only: bool = False              # not run by the local back end
     local_only: bool = False                # not rendered for Argo
     timeout_s: int | None = None
+    host_network: bool = False              # see the node's own NICs (Gate 1)
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,9 @@ def build_graph(profile: Profile) -> Graph:
         for i, node in enumerate(nodes):
             t = f"nodes-{i}"
             tasks.append(Task(t, step="nodes", gate="gate1", node=node, depends=_ok(*checks, skipped=True),
-                              args=("--node", node), cluster_only=True, gpus=profile.hardware.gpus_per_node))
+                              args=("--node", node), cluster_only=True, gpus=profile.hardware.gpus_per_node,
+                              # the GPU health probe needs CUDA torch: the baseline engine's image has it
+                              image=profile.engines[profile.baseline_engine].image, host_network=True))
             gate1.append(t)
         tasks.append(Task("network", step="network", gate="gate1", depends=_ok(*gate1), cluster_only=True))
         gate1 = ["network"]

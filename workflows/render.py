@@ -174,6 +174,7 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
         init_containers=init,
         active_deadline_seconds=task.timeout_s or 4 * 3600,
         labels={"gauntlet.dev/gate": task.gate or "none", "gauntlet.dev/step": task.step or ""},
+        pod_spec_patch='{"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"}' if task.host_network else None,
     )
     return c, inputs
 
