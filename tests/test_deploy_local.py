@@ -25,9 +25,6 @@ from steps._engine_local import free_port, group_members, port_open
 
 from conftest import REPO, require_vllm
 
-pytestmark = pytest.mark.engine
-
-
 @pytest.fixture
 def profile_file(tmp_path: Path, local_model: Path):
     require_vllm()
@@ -57,6 +54,7 @@ def verdict(out: Path) -> dict:
     return json.loads((out / "verdict.json").read_text())
 
 
+@pytest.mark.engine
 def test_deploy_outlives_the_step_then_teardown_stops_it(tmp_path: Path, profile_file) -> None:
     prof, port = profile_file()
     seq = tmp_path / "run" / "vllm"
@@ -86,6 +84,7 @@ def test_deploy_outlives_the_step_then_teardown_stops_it(tmp_path: Path, profile
     assert find_labelled(seq) == {}
 
 
+@pytest.mark.engine
 def test_engine_that_dies_fails_the_gate_fast(tmp_path: Path, profile_file) -> None:
     prof, port = profile_file(extra={"no-such-engine-flag": True})
     out = tmp_path / "run" / "vllm" / "deploy"
@@ -99,6 +98,7 @@ def test_engine_that_dies_fails_the_gate_fast(tmp_path: Path, profile_file) -> N
     assert find_labelled(out.parent) == {} and not state_path(out.parent.resolve(), "vllm").exists()
 
 
+@pytest.mark.engine
 def test_readiness_timeout_fails_and_leaves_nothing(tmp_path: Path, profile_file) -> None:
     prof, port = profile_file(startup_timeout_s=8)
     out = tmp_path / "run" / "vllm" / "deploy"
@@ -110,6 +110,7 @@ def test_readiness_timeout_fails_and_leaves_nothing(tmp_path: Path, profile_file
     assert find_labelled(out.parent) == {} and not port_open("127.0.0.1", port)
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_deploy_leaves_nothing(tmp_path: Path, profile_file, sig: signal.Signals) -> None:
     prof, port = profile_file()
@@ -133,3 +134,71 @@ def test_interrupted_deploy_leaves_nothing(tmp_path: Path, profile_file, sig: si
     assert not state.exists()
     assert verdict(seq / "deploy")["checks"][0]["name"] == "interrupted"
     assert os.path.getsize(seq / "deploy" / "engine.log") > 0
+
+
+# ---- no engine needed: the gate fails (or refuses) before starting anything
+
+def _profile_doc(tmp_path: Path, **model) -> tuple[Path, int]:
+    doc = yaml.safe_load(profile_path("local-cpu").read_text())
+    port = free_port()
+    doc["engines"]["vllm"]["port"] = port
+    doc["model"].update(model)
+    p = tmp_path / "profile.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return p, port
+
+
+def test_missing_model_fails_with_the_fix(tmp_path: Path) -> None:
+    prof, _ = _profile_doc(tmp_path, mount_path=str(tmp_path / "nowhere"))
+    out = tmp_path / "run" / "vllm" / "deploy"
+    r = step("deploy", "--profile", str(prof), "--out", str(out), "--engine", "vllm", timeout=120)
+    v = verdict(out)
+    assert r.returncode == 1 and v["checks"][0]["name"] == "model-dir"
+    assert "gauntlet model prepare smollm2" in v["checks"][0]["detail"]
+
+
+def test_foreign_listener_on_the_port_fails_the_gate(tmp_path: Path) -> None:
+    import socket
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        doc = yaml.safe_load(profile_path("local-cpu").read_text())
+        doc["engines"]["vllm"]["port"] = port
+        doc["model"]["mount_path"] = str(model)
+        prof = tmp_path / "profile.yaml"
+        prof.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out = tmp_path / "run" / "vllm" / "deploy"
+        r = step("deploy", "--profile", str(prof), "--out", str(out), "--engine", "vllm", timeout=120)
+    v = verdict(out)
+    assert r.returncode == 1
+    port_check = next(c for c in v["checks"] if c["name"] == "port-free")
+    assert port_check["status"] == "fail" and "did not start" in port_check["detail"]
+
+
+def test_unknown_variant_is_a_usage_error(tmp_path: Path) -> None:
+    r = step("deploy", "--profile", "local-cpu", "--out", str(tmp_path / "d"), "--engine", "vllm",
+             "--variant", "nope", timeout=120)
+    assert r.returncode == 2 and "--variant nope: not in profile local-cpu (has prefix-cache)" in r.stderr
+
+
+def test_variant_spec_changes_one_flag() -> None:
+    import argparse
+
+    from params import load_profile
+    from steps._deploy_local import _spec
+    prof = load_profile("local-cpu")
+    spec, name = _spec(argparse.Namespace(engine="vllm", variant="prefix-cache"), prof)
+    assert name == "prefix-cache" and spec.args.prefix_cache is True
+    assert spec.args.model_dump(exclude={"prefix_cache"}) == prof.engines["vllm"].args.model_dump(
+        exclude={"prefix_cache"})
+
+
+def test_teardown_with_nothing_running_passes(tmp_path: Path) -> None:
+    out = tmp_path / "run" / "vllm" / "teardown"
+    r = step("teardown", "--profile", "local-cpu", "--out", str(out), "--engine", "vllm", timeout=120)
+    v = verdict(out)
+    assert r.returncode == 0 and v["checks"][0]["detail"] == "no engine of this run was running"
