@@ -314,3 +314,99 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
     rc = main(["step", "smoke", "--profile", "local-cpu", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- the step over a scripted server
+# The local engine is text-only without reasoning, so the reasoning, image-understanding and
+# auto-tool paths run here against a scripted OpenAI-style server (httpx.MockTransport) under
+# the kimi-k3-h20 profile; each defect must fail its own check and nothing else.
+
+
+def _scripted(defect: str | None = None):
+    import base64
+    import re
+
+    import httpx
+
+    def reply(content, reasoning="", finish="stop", tool_calls=None):
+        msg = {"role": "assistant", "content": content, "reasoning": reasoning}
+        if tool_calls:
+            msg["tool_calls"] = tool_calls
+        return {"id": "c1", "object": "chat.completion", "model": "kimi-k3",
+                "choices": [{"index": 0, "message": msg, "finish_reason": finish}]}
+
+    def answer(req):
+        msgs = req["messages"]
+        last = msgs[-1]["content"]
+        if isinstance(last, list):
+            url = next(p["image_url"]["url"] for p in last if p["type"] == "image_url")
+            png = base64.b64decode(url.split(",", 1)[1])
+            if png != solid_png("red"):
+                return 400, {"error": {"message": "Failed to load image: image file is truncated",
+                                       "type": "BadRequestError", "param": None, "code": 400}}
+            return 200, reply("Blue." if defect == "image-blue" else "Red.", "A flat colour.")
+        if len(last) > 100_000:
+            return 400, {"error": {"message": "This model's maximum context length is 32768 tokens.",
+                                   "type": "BadRequestError", "param": None, "code": 400}}
+        if req.get("tools"):
+            args = '"Paris"' if defect == "tool-string" else '{"city": "Paris"}'
+            return 200, reply("", "The user wants weather.", "tool_calls",
+                              [{"id": "call_1", "type": "function",
+                                "function": {"name": "get_weather", "arguments": args}}])
+        if "What is my name" in last:
+            name = re.search(r"My name is (\w+)", msgs[0]["content"]).group(1)
+            return 200, reply(f"{name}.", "They told me.")
+        if last.startswith("My name is"):
+            return 200, reply("Hello there, nice to meet you!", "Greet.")
+        a, op, b = re.search(r"(\d+)\s*([+*])\s*(\d+)", last).groups()
+        n = int(a) + int(b) if op == "+" else int(a) * int(b)
+        if defect == "reasoning-only":
+            return 200, reply("", f"{a}{op}{b} is {n} so", "length")
+        if defect == "think-leak":
+            return 200, reply(f"<think>{a}{op}{b}</think>{n}", "")
+        return 200, reply(str(n), f"{a}{op}{b} = {n}.")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "kimi-k3", "object": "model"}]})
+        req = json.loads(request.content)
+        status, body = answer(req)
+        if not req.get("stream") or status != 200:
+            return httpx.Response(status, json=body)
+        msg, events = body["choices"][0]["message"], []
+        for key in ("reasoning", "content"):
+            for piece in (msg[key][i:i + 3] for i in range(0, len(msg[key]), 3)):
+                events.append({"index": 0, "delta": {key: piece}, "finish_reason": None})
+        events.append({"index": 0, "delta": {}, "finish_reason": "stop"})
+        sse = "".join(f"data: {json.dumps({'id': 'c1', 'object': 'chat.completion.chunk', 'choices': [e]})}\n\n"
+                      for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
+
+    return httpx.MockTransport(handler)
+
+
+@pytest.mark.parametrize("defect, failing", [
+    (None, set()),
+    # no final answer anywhere: everything that needs an answer fails, the name recall does not
+    ("reasoning-only", {"reasoning", "arithmetic", "streaming", "invalid-image", "over-long-prompt"}),
+    ("think-leak", {"reasoning"}),
+    ("image-blue", {"image"}),
+    ("tool-string", {"tool-call"}),
+])
+def test_kimi_profile_paths_over_a_scripted_server(defect, failing):
+    from params import load_profile
+    from steps.smoke import Client, run_checks
+    profile = load_profile("kimi-k3-h20")
+    with Client("http://kimi.test/v1", 5, transport=_scripted(defect)) as c:
+        checks, _ = run_checks(c, profile, "sglang")
+    by = {ch.name: ch for ch in checks}
+    assert "image-refused" not in by                                   # multimodal: understanding, not refusal
+    got = {n for n, ch in by.items() if ch.status == "fail"}
+    assert got == failing, {n: by[n].detail for n in got ^ failing}
+    assert all(ch.status != "skip" for ch in checks)                   # reasoning and image both apply
+    if defect == "think-leak":
+        assert "thinking markers" in by["reasoning"].detail
+    if defect == "tool-string":
+        assert "is not of type 'object'" in by["tool-call"].detail
+    if defect is None:
+        assert by["tool-call"].expected["finish_reason"] == "tool_calls"      # auto choice on Kimi K3
