@@ -271,8 +271,14 @@ def check_tool_call(ctx: Ctx) -> list[Check]:
                                                 allow_empty=True) if not p.startswith("finish_reason")]
     if problems:
         spec = ctx.profile.engines[ctx.engine]
+        if isinstance(args, str) and ctx.engine == "vllm":
+            problems.insert(1, "(vLLM's strict structural tags send the bare value: "
+                               "VLLM_ENFORCE_STRICT_TOOL_CALLING=0 in the engine env gives the object)")
         if spec.tool_call_parser is None:
             problems.append(f"(engines.{ctx.engine} has no tool_call_parser)")
+        elif ctx.engine == "vllm" and not spec.args.extra.get("enable-auto-tool-choice"):
+            problems.append(f"(engines.{ctx.engine}.args.extra lacks enable-auto-tool-choice, which vLLM needs "
+                            f"for any tool_choice but none)")
     observed = {"tool_calls": a.tool_calls, "finish_reason": a.finish_reason, "content": a.content}
     return [_verdict("tool-call", problems, {"name": "get_weather", "arguments": {"city": "Paris"},
                                              "tool_choice": mode, "finish_reason": finish},
