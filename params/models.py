@@ -246,6 +246,8 @@ class Variant(Strict):
     engine: Literal["sglang", "vllm"] | None = None
     change: dict[str, Any] = Field(description="one dotted EngineArgs path -> new value, e.g. {prefix_cache: true}")
     reusable_prefix: bool = False
+    prefix_len: int = Field(512, description="reusable-prefix phase: tokens of shared prefix before each "
+                            "case's input; span several KV blocks (vLLM CPU: 128 tokens a block)")
 
     @field_validator("change")
     @classmethod

@@ -7,8 +7,10 @@ run's ``perf`` measured, and always tears it down. The baseline numbers are
 that perf evidence (``<out>/../perf/verdict.json`` and ``perf-<case>``).
 
 - Prefix cache variants are measured twice, reported separately: *cold* (every
-  round a request set the engine has never seen) and *reusable prefix* (half of
-  each prompt is a prefix shared by all requests, repeated across rounds).
+  round a request set the engine has never seen; this phase is compared with
+  the baseline) and *reusable prefix* (each prompt starts with the same
+  ``Variant.prefix_len`` tokens, several KV blocks, before the case's input;
+  reported with the engine's prefix-cache hit rate).
 - Speculative decoding records draft tokens, acceptance length and rate (the
   bench client's JSON) and memory.
 - Verdict: "keep baseline" unless, in every compared case, the variant's
@@ -224,12 +226,10 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
             phases["cold"], _ = run_matrix(margs, out, cases, var_spec, variant.name, seeds=cold_seeds,
                                            phase_tag="cold", phase="measure")
             if variant.reusable_prefix:
-                warm = {}
-                for c in cases:
-                    r, _ = run_matrix(margs, out, [c], var_spec, variant.name, prefix_len=c.input_len // 2,
-                                      phase_tag="prefix", phase="prefix-warm")
-                    warm.update(r)
-                phases["reusable_prefix"] = warm
+                # the warmup uses the rounds' seed, so it sends the same shared prefix and primes the cache
+                phases["reusable_prefix"], _ = run_matrix(
+                    margs, out, cases, var_spec, variant.name, prefix_len=variant.prefix_len, phase_tag="prefix",
+                    phase="prefix-warm", warmup_seed=profile.bench.seed)
         else:
             phases["measure"], _ = run_matrix(margs, out, cases, var_spec, variant.name)
     finally:

@@ -92,8 +92,12 @@ def tokenizer_for(profile: Profile, explicit: str | None) -> str:
 def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer: str, out: Path,
                  meta: dict[str, Any], bench_python: str | None = None, sample_interval: float = 1.0,
                  prefix_len: int = 0, seeds: list[int] | None = None, phase_tag: str = "",
-                 warmup: bool = True) -> CaseResult:
-    """Warmup then ``bench.rounds`` rounds of one case; each round parsed, judged and sampled."""
+                 warmup: bool = True, warmup_seed: int | None = None) -> CaseResult:
+    """Warmup then ``bench.rounds`` rounds of one case; each round parsed, judged and sampled.
+
+    ``prefix_len`` prepends a prefix shared by every request (the client derives it from the seed)
+    to the case's ``input_len`` random tokens.
+    """
     b = profile.bench
     n = case.num_prompts or b.prompts_per_concurrency * case.concurrency
     seeds = seeds or [b.seed] * b.rounds
@@ -102,7 +106,7 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
     tag = f"{case.name}{'-' + phase_tag if phase_tag else ''}"
 
     def one(label: str, seed: int, num: int) -> dict[str, Any]:
-        req = BenchRequest(endpoint, profile.model.served_name, tokenizer, case.input_len - prefix_len,
+        req = BenchRequest(endpoint, profile.model.served_name, tokenizer, case.input_len,
                            case.output_len, case.concurrency, num, seed, raw / f"{tag}-{label}.json",
                            prefix_len=prefix_len)
         t0 = time.perf_counter()
@@ -118,7 +122,8 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
         return rec
 
     if warmup and b.warmup_prompts > 0:
-        res.warmup = one("warmup", b.seed + WARMUP_SEED_OFFSET, b.warmup_prompts)
+        res.warmup = one("warmup", b.seed + WARMUP_SEED_OFFSET if warmup_seed is None else warmup_seed,
+                         b.warmup_prompts)
     for i, seed in enumerate(seeds, start=1):
         rec = one(f"round{i}", seed, n)
         rec["round"] = i
@@ -209,7 +214,8 @@ def selected_cases(profile: Profile, names: str) -> list[BenchCase]:
 
 def run_matrix(args: argparse.Namespace, out: Path, cases: list[BenchCase], spec: EngineSpec, experiment: str,
                *, prefix_len: int = 0, seeds: list[int] | None = None, phase_tag: str = "",
-               phase: str = "measure") -> tuple[dict[str, CaseResult], list[dict[str, Any]]]:
+               phase: str = "measure", warmup_seed: int | None = None
+               ) -> tuple[dict[str, CaseResult], list[dict[str, Any]]]:
     """Measure ``cases`` and append their rounds to the store; returns results and store rows."""
     from steps._runmeta import run_meta
 
@@ -220,7 +226,8 @@ def run_matrix(args: argparse.Namespace, out: Path, cases: list[BenchCase], spec
     for c in cases:
         results[c.name] = measure_case(c, profile, endpoint=args.endpoint, tokenizer=tok, out=out, meta=meta,
                                        bench_python=args.bench_python, sample_interval=args.sample_interval,
-                                       prefix_len=prefix_len, seeds=seeds, phase_tag=phase_tag)
+                                       prefix_len=prefix_len, seeds=seeds, phase_tag=phase_tag,
+                                       warmup_seed=warmup_seed)
     rows = store_rows(list(results.values()), meta, phase=phase, prefix_len=prefix_len)
     if not getattr(args, "no_store", False):
         from steps.results import append_rounds

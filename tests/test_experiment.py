@@ -92,8 +92,8 @@ def test_prefix_cache_experiment_real_engine(tmp_path, endpoint):
     from workflows.cli import main as gauntlet
 
     doc = yaml.safe_load(profile_path("local-cpu").read_text())
-    doc["bench"].update(warmup_prompts=2, prompts_per_concurrency=2)
-    doc["bench"]["cases"] = [dict(doc["bench"]["cases"][0], output_len=16)]
+    doc["bench"].update(warmup_prompts=1, prompts_per_concurrency=1)
+    doc["bench"]["cases"] = [dict(doc["bench"]["cases"][0], output_len=8)]
     port = free_port()
     doc["engines"]["vllm"]["port"] = port      # its own port: the shared engine stays up
     prof = tmp_path / "local-small.yaml"
