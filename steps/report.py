@@ -131,6 +131,34 @@ def _perf_table(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _resources_table(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the machine and engine did during the rounds (max over rounds unless noted)."""
+    def mx(rs: list[dict[str, Any]], k: str) -> Any:
+        v = [r.get(k) for r in rs if r.get(k) is not None]
+        return max(v) if v else None
+
+    lines = ["", "| case | CPU util | GPU util | GPU mem used | GPU power W | engine RSS GiB | KV usage | "
+             "running / waiting | net rx+tx MB | headroom |", "|---|---|---|---|---|---|---|---|---|---|"]
+    any_row = False
+    for name, c in sorted(cases.items(), key=lambda kv: (kv[1].get("concurrency", 0), kv[0])):
+        rs = [r.get("resources") or {} for r in c.get("rounds", [])]
+        if not any(rs):
+            continue
+        any_row = True
+        rss = mx(rs, "engine_tree_rss_bytes_max") or mx(rs, "engine_engine_rss_bytes_max")
+        net = [(r.get("net_rx_bytes") or 0) + (r.get("net_tx_bytes") or 0) for r in rs]
+
+        def pct(x: Any) -> str:
+            return "–" if x is None else f"{x:.0%}"
+        gpu_util = mx(rs, "gpu_util_mean")
+        lines.append(f"| {name} | {pct(mx(rs, 'cpu_util_mean'))} | {'–' if gpu_util is None else f'{gpu_util:.0f}%'} | "
+                     f"{pct(mx(rs, 'gpu_mem_used_frac_max'))} | {_fmt(mx(rs, 'gpu_power_w_max'), 0)} | "
+                     f"{'–' if rss is None else f'{rss / 2**30:.2f}'} | {pct(mx(rs, 'engine_kv_usage_max'))} | "
+                     f"{_fmt(mx(rs, 'engine_running_max'), 0)} / {_fmt(mx(rs, 'engine_waiting_max'), 0)} | "
+                     f"{max(net) / 1e6:.2f} | {pct(min((r['headroom'] for r in rs if r.get('headroom') is not None), default=None))} |")
+    return lines + [""] if any_row else []
+
+
 def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any = None,
                     plots: Mapping[str, str] | None = None) -> str:
     """The report text (pure over collected evidence)."""
@@ -189,6 +217,7 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
         L += ["No perf results in this run.", ""]
     for e, cs in cases.items():
         L += [f"### {e}", "", *_perf_table(cs), ""]
+        L += _resources_table(cs)
         res = [r.get("resources") or {} for c in cs.values() for r in c.get("rounds", [])]
         if res:
             exp = next((r.get("expert_load") for r in res if r.get("expert_load")), {})
