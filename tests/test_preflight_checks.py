@@ -125,3 +125,15 @@ def test_header_length_larger_than_file_is_refused_before_reading(tmp_path):
     p.write_bytes((10**18).to_bytes(8, "little") + b"{}")
     f = read_header(p)
     assert "larger than the 2 bytes after it" in f["error"] and f["header_sha256"] is None
+
+
+@pytest.mark.parametrize("header,want", [
+    ({"__metadata__": {"x": '"q":{"dtype":"U8","data_offsets":[0,1]}'}, 'a"b': {"dtype": "U8", "shape": [1],
+      "data_offsets": [0, 1]}}, {'a"b': "U8"}),                                   # escapes: parsed in full
+    ({"c": {"shape": [1], "dtype": "F32", "data_offsets": [1, 5]},
+      "d": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}, {"c": "F32", "d": "U8"}),  # other key order
+    ({"e": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, {"e": "BF16"}),          # the fast path
+])
+def test_header_dtypes_fast_path_never_guesses(header, want):
+    from steps._shards import _dtypes
+    assert _dtypes(json.dumps(header, separators=(",", ":")).encode()) == want
