@@ -56,6 +56,8 @@ class TaskResult:
     out: str | None = None
     command: list[str] = field(default_factory=list)
     failed_checks: list[dict[str, Any]] = field(default_factory=list)
+    skipped_checks: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 class Interrupted(Exception):
@@ -208,7 +210,7 @@ class Runner:
         finally:
             res.duration_s = round(time.monotonic() - t, 2)
             self.in_steps_s += time.monotonic() - t
-        res.verdict, res.failed_checks = _read_verdict(out)
+        res.verdict, res.failed_checks, res.skipped_checks, res.counts = _read_verdict(out)
         if res.exit_code == 0:
             res.phase = "Succeeded"
         else:
@@ -292,14 +294,20 @@ class _sigterm_as_interrupt:
             signal.signal(signal.SIGTERM, self.prev)
 
 
-def _read_verdict(out: Path) -> tuple[str | None, list[dict[str, Any]]]:
+def _read_verdict(out: Path) -> tuple[str | None, list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
+    """(status, failing checks, skipped checks, counts by status) of a step's verdict.json."""
     try:
         v = json.loads((out / "verdict.json").read_text())
     except (OSError, ValueError):
-        return None, []
-    bad = [{k: c.get(k) for k in ("name", "status", "expected", "observed", "detail")}
-           for c in v.get("checks", []) if c.get("status") in ("fail", "error")]
-    return v.get("status"), bad
+        return None, [], [], {}
+    checks = v.get("checks", [])
+    pick = ("name", "status", "expected", "observed", "detail")
+    bad = [{k: c.get(k) for k in pick} for c in checks if c.get("status") in ("fail", "error")]
+    skipped = [{k: c.get(k) for k in pick} for c in checks if c.get("status") == "skip"]
+    counts: dict[str, int] = {}
+    for c in checks:
+        counts[c.get("status", "?")] = counts.get(c.get("status", "?"), 0) + 1
+    return v.get("status"), bad, skipped, counts
 
 
 def _failure_reason(res: TaskResult, log: Path) -> str:
@@ -325,10 +333,12 @@ def write_summary(run_dir: Path, meta: dict[str, Any], results: list[TaskResult]
              f"- profile: `{meta['profile']}`", f"- started: {meta['started']}, finished: {meta['finished']}",
              f"- wall time: {meta['wall_s']:.1f} s; inside the gates' subprocesses: {meta['in_steps_s']:.1f} s; "
              f"runner overhead: {meta['overhead_s']:.2f} s ({meta['overhead_pct']:.2f}% of wall)",
+             f"- engine start-ups: {meta.get('engine_startups_s') or 'none'} (seconds until /v1/models answered)",
              f"- engines stopped by the exit guarantee: {meta['stopped_engines'] or 'none left running'}", "",
              "| gate | task | status | verdict | duration | detail |", "|---|---|---|---|---:|---|"]
     for r in results:
-        detail = r.reason.replace("|", "\\|").replace("\n", " ")
+        detail = r.reason or ", ".join(f"{n} {st}" for st, n in sorted(r.counts.items()))
+        detail = detail.replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {r.gate} | `{r.path}` | {r.phase} | {r.verdict or '-'} | {r.duration_s:.1f} s | {detail} |")
     failed = [r for r in results if r.failed_checks]
     if failed:
@@ -338,6 +348,12 @@ def write_summary(run_dir: Path, meta: dict[str, Any], results: list[TaskResult]
             for c in r.failed_checks:
                 lines.append(f"- **{c['name']}** ({c['status']}): {c['detail']} - expected `{c['expected']}`, "
                              f"observed `{c['observed']}`")
+    skipped = [r for r in results if r.skipped_checks]
+    if skipped:
+        lines += ["", "## Checks skipped, with their reason", ""]
+        for r in skipped:
+            for c in r.skipped_checks:
+                lines.append(f"- `{r.path}` **{c['name']}**: {c['detail']}")
     lines.append("")
     path = run_dir / "summary.md"
     path.write_text("\n".join(lines))
@@ -345,6 +361,19 @@ def write_summary(run_dir: Path, meta: dict[str, Any], results: list[TaskResult]
 
 
 # ------------------------------------------------------------------ entry
+
+def _startups(run_dir: Path) -> dict[str, float]:
+    """{deploy path: start-up seconds} of every engine the run started (Gate 2 and Gate 6 deploys)."""
+    out = {}
+    for f in sorted(run_dir.glob("**/deploy/verdict.json")):
+        try:
+            s = json.loads(f.read_text()).get("metrics", {}).get("startup_s")
+        except (OSError, ValueError):
+            continue
+        if isinstance(s, (int, float)):
+            out[str(f.parent.relative_to(run_dir))] = s
+    return out
+
 
 def _run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -377,7 +406,8 @@ def run_local(profile: Profile, args: argparse.Namespace) -> int:
             "finished": now_iso(), "wall_s": round(wall, 2), "in_steps_s": round(runner.in_steps_s, 2),
             "overhead_s": round(overhead, 3), "overhead_pct": round(100 * overhead / wall, 3) if wall else 0.0,
             "interrupted": runner.interrupted, "parameters": params,
-            "stopped_engines": [{k: v for k, v in s.items() if k != "dir"} for s in stopped]}
+            "stopped_engines": [{k: v for k, v in s.items() if k != "dir"} for s in stopped],
+            "engine_startups_s": _startups(run_dir)}
     write_json_atomic(run_dir / "run.json", {**meta, "tasks": [asdict(r) for r in runner.results]})
     summary = write_summary(run_dir, meta, runner.results)
     runner.say(f"{status.upper()} in {wall:.1f}s (runner overhead {overhead:.2f}s, "
