@@ -27,7 +27,7 @@ from typing import Any, Literal
 from steps._evidence import TransientError, UsageError
 
 __all__ = ["BenchRequest", "ClientRun", "client_argv", "run_client", "parse_result", "ROUND_METRICS",
-           "LATENCY_METRICS", "SPEC_METRICS", "client_available"]
+           "LATENCY_METRICS", "SPEC_METRICS", "client_available", "preload_client"]
 
 # Per-round numbers kept from the client's JSON (names as the client writes them).
 THROUGHPUT_METRICS = ("request_throughput", "input_throughput", "output_throughput", "total_token_throughput")
@@ -122,6 +122,20 @@ def run_client(req: BenchRequest, *, mode: Literal["auto", "inprocess", "subproc
     except (OSError, ValueError) as exc:
         raise TransientError(f"bench client wrote no result JSON ({exc}); log: {log_path}") from None
     return ClientRun(result, client_s, time.perf_counter() - t0, mode, log_path)
+
+
+def preload_client() -> float:
+    """Import the client in this interpreter now (seconds taken; 0 when done already or not importable).
+
+    The import is the client's own start-up (``vllm bench serve`` pays it on every run); paying it once
+    per step keeps it out of every round's wall time.
+    """
+    if not client_available() or _client_parser.cache_info().currsize:
+        return 0.0
+    t0 = time.perf_counter()
+    _client_parser()
+    import vllm.benchmarks.serve  # noqa: F401
+    return time.perf_counter() - t0
 
 
 @functools.cache

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from params.models import BenchCase, EngineSpec, Profile
-from steps._bench import LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, parse_result, run_client
+from steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, parse_result, preload_client,
+                          run_client)
 from steps._evidence import Check, UsageError, write_json_atomic
 from steps._sampler import Sampler
 from steps._stats import Stability, round_validity, stability, summarize
@@ -222,6 +223,8 @@ def run_matrix(args: argparse.Namespace, out: Path, cases: list[BenchCase], spec
     profile = args.profile_obj
     meta = run_meta(out, profile, args.engine, spec=spec, experiment=experiment)
     tok = tokenizer_for(profile, args.tokenizer)
+    if args.bench_python is None:
+        args.client_import_s = getattr(args, "client_import_s", 0.0) + preload_client()
     results = {}
     for c in cases:
         results[c.name] = measure_case(c, profile, endpoint=args.endpoint, tokenizer=tok, out=out, meta=meta,
@@ -258,5 +261,6 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
                                          "topology", "context_length", "client", "client_version")} if rows else {},
         "cases": {n: cr.to_dict() for n, cr in results.items()},
         "wrapper_overhead_rel_max": max(overhead) if overhead else None,
+        "client_import_s": round(getattr(args, "client_import_s", 0.0), 2),
     }
     return checks, metrics
