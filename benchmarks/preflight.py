@@ -1,6 +1,6 @@
 """Benchmark: Gate 0 preflight on the 96-shard, 1.56 TB sparse Kimi K3 layout, and the ratio to sha256sum.
 
-    .venv/bin/python benchmarks/preflight.py [--dir DIR] [--runs 5] [--slice-gib 2]
+    .venv/bin/python benchmarks/preflight.py [--dir DIR] [--runs 5] [--slice-gib 2] [--per-expert]
 
 1. Writes the sparse layout with ``steps.synth`` (unless ``--dir`` holds one).
 2. Runs the real ``gauntlet step preflight --profile kimi-k3-h20`` as a subprocess ``--runs`` times and
@@ -52,6 +52,8 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=None, help="where to write (or find) the sparse layout")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--slice-gib", type=float, default=2.0)
+    ap.add_argument("--per-expert", action="store_true",
+                    help="one tensor pair per expert (about 150k tensors, Kimi K2 style) instead of fused blocks")
     args = ap.parse_args()
 
     from params import load_profile
@@ -63,7 +65,7 @@ def main() -> int:
     root = args.dir or Path(tmp.name) / "kimi-k3-sparse"
     if not (root / ".aik8s-complete").is_file():
         t0 = time.perf_counter()
-        synth_from_profile(profile, root, sparse=True)
+        synth_from_profile(profile, root, sparse=True, per_expert=args.per_expert)
         print(f"wrote sparse layout in {time.perf_counter() - t0:.2f} s: {root}", file=sys.stderr)
     shards = sorted(root.glob("*.safetensors"))
     total = sum(p.stat().st_size for p in shards)

@@ -88,7 +88,8 @@ def _layer_plan(profile: Profile) -> tuple[int, list[str], dict[str, Any], list[
     return n, per_layer, fields, synthetic
 
 
-def _moe_tensors(p: str, kind: str, h: int, inter: int, e: int, shared: int, attn: int) -> list[Tensor]:
+def _moe_tensors(p: str, kind: str, h: int, inter: int, e: int, shared: int, attn: int,
+                 per_expert: bool = False) -> list[Tensor]:
     t: list[Tensor] = [(f"{p}input_layernorm.weight", "BF16", (h,)),
                        (f"{p}post_attention_layernorm.weight", "BF16", (h,))]
     if kind in ("kda", "linear_attention"):
@@ -110,6 +111,16 @@ def _moe_tensors(p: str, kind: str, h: int, inter: int, e: int, shared: int, att
     t += [(f"{p}mlp.shared_experts.gate_proj.weight", "BF16", (si, h)),
           (f"{p}mlp.shared_experts.up_proj.weight", "BF16", (si, h)),
           (f"{p}mlp.shared_experts.down_proj.weight", "BF16", (h, si))]
+    if per_expert:  # compressed-tensors style, one tensor pair per expert and projection (Kimi K2's layout)
+        for j in range(e):
+            q = f"{p}mlp.experts.{j}."
+            t += [(f"{q}gate_proj.weight_packed", "U8", (inter, h // 2)),
+                  (f"{q}gate_proj.weight_scale", "U8", (inter, h // 32)),
+                  (f"{q}up_proj.weight_packed", "U8", (inter, h // 2)),
+                  (f"{q}up_proj.weight_scale", "U8", (inter, h // 32)),
+                  (f"{q}down_proj.weight_packed", "U8", (h, inter // 2)),
+                  (f"{q}down_proj.weight_scale", "U8", (h, inter // 32))]
+        return t
     # MXFP4: 32-value blocks, 16 bytes each (two FP4 a byte), one E8M0 scale byte per block
     t += [(f"{p}mlp.experts.gate_up_proj_blocks", "U8", (e, 2 * inter, h // 32, 16)),
           (f"{p}mlp.experts.gate_up_proj_scales", "U8", (e, 2 * inter, h // 32)),
@@ -122,8 +133,12 @@ def _expert_bytes(h: int, inter: int) -> int:
     return 2 * inter * (h // 32) * 17 + h * (inter // 32) * 17
 
 
-def plan_layout(profile: Profile, sparse: bool) -> tuple[dict[str, Any], list[Tensor]]:
-    """(config.json, tensors in file order) for the profile; pure."""
+def plan_layout(profile: Profile, sparse: bool, per_expert: bool = False) -> tuple[dict[str, Any], list[Tensor]]:
+    """(config.json, tensors in file order) for the profile; pure.
+
+    ``per_expert``: one tensor pair per expert (384 experts when the profile leaves the count null, as Kimi
+    K2), about 150k tensors at full size; the default fuses each layer's experts (gpt-oss style blocks).
+    """
     arch, model = profile.model.architecture, profile.model
     n, per_layer, kind_fields, synthetic = _layer_plan(profile)
     quantized = bool(arch.quantization.fmt or arch.quantization.weight_dtypes)
@@ -141,7 +156,9 @@ def plan_layout(profile: Profile, sparse: bool) -> tuple[dict[str, Any], list[Te
         if e is None:
             synthetic.append("moe.n_routed_experts")
             e = 8
-            if sparse and model.weight_bytes:
+            if per_expert and sparse:
+                e = 384
+            elif sparse and model.weight_bytes:
                 # as many experts (a multiple of 32) as fit 98% of the declared bytes: a plausible size
                 base = sum(_nbytes(d, s) for _, d, s in _moe_tensors("", per_layer[0], h, inter, 0, shared, attn))
                 per_expert = _expert_bytes(h, inter) + 2 * h + 4
@@ -153,7 +170,7 @@ def plan_layout(profile: Profile, sparse: bool) -> tuple[dict[str, Any], list[Te
     for i, kind in enumerate(per_layer):
         p = f"{text}layers.{i}."
         if quantized:
-            tensors += _moe_tensors(p, kind, h, inter, e, shared, attn)
+            tensors += _moe_tensors(p, kind, h, inter, e, shared, attn, per_expert)
         else:
             tensors += [(f"{p}input_layernorm.weight", "BF16", (h,)),
                         (f"{p}post_attention_layernorm.weight", "BF16", (h,))]
@@ -287,7 +304,7 @@ def _assign(tensors: list[Tensor], n: int) -> list[list[Tensor]]:
 
 
 def synth_from_profile(profile: Profile, out: Path, sparse: bool = False, *, total_bytes: int | None = None,
-                       seed: int = 0) -> Path:
+                       seed: int = 0, per_expert: bool = False) -> Path:
     """Write the synthetic model directory at ``out`` and return it.
 
     ``total_bytes`` (dense mode) pads the shards with random bytes up to about that many bytes in all
@@ -297,9 +314,9 @@ def synth_from_profile(profile: Profile, out: Path, sparse: bool = False, *, tot
     out.mkdir(parents=True, exist_ok=True)
     model = profile.model
     target = model.weight_bytes if sparse else total_bytes
-    config, tensors = plan_layout(profile, sparse)
+    config, tensors = plan_layout(profile, sparse, per_expert)
     if sparse and target and sum(_nbytes(d, s) for _, d, s in tensors) > target * 0.99:
-        config, tensors = plan_layout(profile, False)  # a small declared total: small dims, padded up
+        config, tensors = plan_layout(profile, False, per_expert)  # a small declared total: small dims, padded up
     n = model.shards or (96 if sparse else 4)
     groups = _assign(tensors, n)
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
