@@ -14,9 +14,9 @@ that perf evidence (``<out>/../perf/verdict.json`` and ``perf-<case>``).
 - Speculative decoding records draft tokens, acceptance length and rate (the
   bench client's JSON) and memory.
 - Verdict: "keep baseline" unless, in every compared case, the variant's
-  median output throughput beats the baseline's by more than the noise and no
-  P99 latency (TTFT, E2E) is worse by more than the noise; noise is the larger
-  half-range of the two sets of rounds, at least ``NOISE_FLOOR``.
+  throughput is better beyond noise (its worst round beats the baseline's best)
+  and no P99 latency (TTFT, E2E) is worse beyond noise (the variant's median
+  above the baseline's worst round), each by more than ``NOISE_FLOOR``.
 """
 
 from __future__ import annotations
@@ -75,26 +75,32 @@ def one_change_problems(base: EngineArgs, other: EngineArgs) -> list[str]:
     return [f"the variant changes {len(d)} variables ({', '.join(sorted(d))}); a variant changes exactly one"]
 
 
-def _half_range(t: dict[str, Any]) -> float:
-    s = t.get("spread_rel")
-    return (s or 0.0) / 2
-
-
 def compare(base: dict[str, dict[str, Any]], var: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per case: variant vs baseline medians with the noise band (tables as :func:`steps.perf.case_table`)."""
+    """Per case: variant vs baseline rounds (tables as :func:`steps.perf.case_table`), judged against noise.
+
+    The noise is the rounds' own range: throughput is *better* only when the variant's worst round beats
+    the baseline's best by more than ``NOISE_FLOOR``; a P99 is *worse* when the variant's median is above
+    the baseline's worst round by more than ``NOISE_FLOOR``. Medians alone would crown whichever set of
+    rounds happened to share the machine with less.
+    """
     rows = []
     for case in sorted(set(base) & set(var)):
         b, v = base[case], var[case]
         row: dict[str, Any] = {"case": case}
         for m in ("output_throughput", *P99_METRICS):
-            bm, vm = (b.get(m) or {}).get("median"), (v.get(m) or {}).get("median")
-            noise = max(NOISE_FLOOR, _half_range(b.get(m) or {}), _half_range(v.get(m) or {}))
+            bt, vt = b.get(m) or {}, v.get(m) or {}
+            bm, vm = bt.get("median"), vt.get("median")
             rel = (vm - bm) / bm if bm and vm is not None else None
-            row[m] = {"baseline": bm, "variant": vm, "change_rel": rel, "noise_rel": noise}
+            noise = max(NOISE_FLOOR, bt.get("spread_rel") or 0.0, vt.get("spread_rel") or 0.0)
+            row[m] = {"baseline": bm, "variant": vm, "change_rel": rel, "noise_rel": noise,
+                      "baseline_range": [bt.get("min"), bt.get("max")], "variant_range": [vt.get("min"), vt.get("max")]}
         t = row["output_throughput"]
-        row["throughput_better"] = t["change_rel"] is not None and t["change_rel"] > t["noise_rel"]
-        row["p99_worse"] = [m for m in P99_METRICS if row[m]["change_rel"] is not None
-                            and row[m]["change_rel"] > row[m]["noise_rel"]]
+        bmax, vmin = t["baseline_range"][1], t["variant_range"][0]
+        row["throughput_better"] = (bmax is not None and vmin is not None and vmin > bmax * (1 + NOISE_FLOOR)
+                                    and t["change_rel"] is not None)
+        row["p99_worse"] = [m for m in P99_METRICS if row[m]["variant"] is not None
+                            and row[m]["baseline_range"][1] is not None
+                            and row[m]["variant"] > row[m]["baseline_range"][1] * (1 + NOISE_FLOOR)]
         rows.append(row)
     return rows
 

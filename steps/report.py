@@ -277,14 +277,17 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
               f"Change: `{json.dumps(m.get('change'))}`. {m.get('verdict_reason', '')}", ""]
         rows = m.get("comparison") or []
         if rows:
-            L += ["| case | out tok/s baseline → variant | TTFT p99 ms | E2E p99 ms | noise |", "|---|---|---|---|---|"]
+            L += ["| case | out tok/s baseline → variant | TTFT p99 ms | E2E p99 ms | out tok/s rounds: baseline / variant |",
+                  "|---|---|---|---|---|"]
             for r in rows:
                 def pair(k: str, r: Mapping[str, Any] = r) -> str:
                     x = r[k]
                     ch = f" ({x['change_rel']:+.1%})" if x.get("change_rel") is not None else ""
                     return f"{_fmt(x['baseline'])} → {_fmt(x['variant'])}{ch}"
+                br = r["output_throughput"].get("baseline_range") or [None, None]
+                vr = r["output_throughput"].get("variant_range") or [None, None]
                 L.append(f"| {r['case']} | {pair('output_throughput')} | {pair('p99_ttft_ms')} | "
-                         f"{pair('p99_e2el_ms')} | ±{r['output_throughput']['noise_rel']:.1%} |")
+                         f"{pair('p99_e2el_ms')} | {_fmt(br[0])}–{_fmt(br[1])} / {_fmt(vr[0])}–{_fmt(vr[1])} |")
             L.append("")
         for phase, tables in (m.get("tables") or {}).items():
             hits = (m.get("prefix_cache_hit_rate") or {}).get(phase, {})
@@ -413,6 +416,12 @@ def _plots(run_dir: Path, data: Mapping[str, Any], profile: Any, history: Any) -
 def _profile_of(run_dir: Path) -> Any:
     from params import ProfileError, load_profile
 
+    run = _load(Path(run_dir) / "run.json")   # the local runner's record of the run
+    if isinstance(run, dict) and run.get("profile"):
+        try:
+            return load_profile(run["profile"])
+        except ProfileError:
+            pass
     for rounds in sorted(Path(run_dir).rglob("rounds.json")):
         doc = _load(rounds)
         if isinstance(doc, list) and doc and doc[0].get("profile"):
