@@ -223,7 +223,7 @@ class Runner:
         """Run one step; Ctrl-C reaches it (same process group), the runner waits for it to clean up."""
         with open(log, "wb") as fh:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                    cwd=self.cwd, env=self.env)
+                                    cwd=self.cwd, env=self.env, preexec_fn=_sigint_default)
             start = time.monotonic()
             try:
                 while True:
@@ -259,6 +259,12 @@ class Runner:
             self.say(f"exit handler: {type(exc).__name__}: {exc}")
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def _sigint_default() -> None:
+    """In the child: SIGINT back to default even when the runner was started with it ignored
+    (`cmd &` in a script), so the step's own Ctrl-C handling releases what it holds."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stop_child(proc: subprocess.Popen) -> None:
