@@ -131,6 +131,22 @@ def _perf_table(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _ladders(verdicts: Mapping[str, Any], profile: Any) -> dict[str, list[dict[str, Any]]]:
+    """engine -> rungs, from every longctx verdict; the profile's rungs that never ran are 'not run'."""
+    ladders: dict[str, list[dict[str, Any]]] = {}
+    for rel, d in _by_gate(verdicts, "longctx").items():
+        ladders.setdefault(_engine_of(rel, d), []).extend(d.get("metrics", {}).get("ladder") or [])
+    if profile is not None:
+        for e in ladders:
+            ran = {r["tokens"] for r in ladders[e]}
+            for r in profile.longctx.ladder:
+                if r.tokens not in ran:
+                    ladders[e].append({"tokens": r.tokens, "expect": r.expect, "outcome": "not-run",
+                                       "label": "not run", "detail": "requires every lower rung to pass"
+                                       if r.requires_all_lower else "not run in this run", "probes": []})
+    return ladders
+
+
 def _resources_table(cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """What the machine and engine did during the rounds (max over rounds unless noted)."""
     def mx(rs: list[dict[str, Any]], k: str) -> Any:
@@ -244,17 +260,7 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
 
     # ladder
     L += ["## Long context (Gate 5)", ""]
-    ladders: dict[str, list[dict[str, Any]]] = {}
-    for rel, d in _by_gate(v, "longctx").items():
-        ladders.setdefault(_engine_of(rel, d), []).extend(d.get("metrics", {}).get("ladder") or [])
-    if profile is not None:
-        for e in ladders:
-            ran = {r["tokens"] for r in ladders[e]}
-            for r in profile.longctx.ladder:
-                if r.tokens not in ran:
-                    ladders[e].append({"tokens": r.tokens, "expect": r.expect, "outcome": "not-run",
-                                       "label": "not run", "detail": "requires every lower rung to pass"
-                                       if r.requires_all_lower else "not run in this run", "probes": []})
+    ladders = _ladders(v, profile)
     if not ladders:
         L += ["No ladder in this run.", ""]
     for e, rungs in ladders.items():
@@ -370,18 +376,22 @@ def _plots(run_dir: Path, data: Mapping[str, Any], profile: Any, history: Any) -
         plt.close(fig)
         out["latency"] = "latency.png"
 
-    ladders = [(_engine_of(rel, d), r) for rel, d in _by_gate(data["verdicts"], "longctx").items()
-               for r in d.get("metrics", {}).get("ladder") or []]
+    ladders = [(e, r) for e, rs in _ladders(data["verdicts"], profile).items() for r in rs]
     if ladders:
         colors = {"passed": "tab:green", "missed": "tab:red", "refused": "tab:orange", "error": "black",
                   "blocked": "tab:purple", "not-run": "lightgrey"}
         fig, ax = plt.subplots(figsize=(6, 3))
         engines = sorted({e for e, _ in ladders})
         for e, r in ladders:
-            ax.scatter(r["tokens"], engines.index(e), s=200, color=colors.get(r["outcome"], "grey"), zorder=3)
+            known = r.get("status") == "pass" and r["outcome"] in ("missed", "refused")  # expected limit
+            ax.scatter(r["tokens"], engines.index(e), s=200, zorder=3,
+                       color="tab:orange" if known else colors.get(r["outcome"], "grey"))
             ax.annotate(r["label"], (r["tokens"], engines.index(e)), textcoords="offset points", xytext=(0, 12),
                         ha="center", fontsize=7)
         ax.set_xscale("log", base=2)
+        ticks = sorted({r["tokens"] for _, r in ladders})
+        ax.set_xticks(ticks, [f"{t // 1024}K" if t >= 1024 else str(t) for t in ticks])
+        ax.set_xlim(min(ticks) / 1.5, max(ticks) * 1.5)
         ax.set_yticks(range(len(engines)), engines)
         ax.set_ylim(-0.7, len(engines) - 0.3)
         ax.set(xlabel="rung (tokens)", title="Long-context ladder outcome")
