@@ -351,6 +351,10 @@ def _plots(run_dir: Path, data: Mapping[str, Any], profile: Any, history: Any) -
                 med = [t["median"] for _, t in pts]
                 err = [[t["median"] - t["min"] for _, t in pts], [t["max"] - t["median"] for _, t in pts]]
                 ax.errorbar(xs, med, yerr=err, marker="o", capsize=4, label=e)
+        concs = sorted({c.get("concurrency", 0) for cs in cases.values() for c in cs.values()})
+        ax.set_xticks(concs, [str(x) for x in concs])
+        ax.set_xlim(min(concs) - 1, max(concs) + 1)
+        ax.set_ylim(bottom=0)
         ax.set(xlabel="concurrency", ylabel="output tokens/s (median, min–max)",
                title="Throughput vs concurrency")
         ax.legend()
