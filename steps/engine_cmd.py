@@ -70,6 +70,9 @@ def _vllm_flags(a: EngineArgs) -> list[str]:
     f += _flag("max-model-len", a.context_length)
     f += _flag("max-num-seqs", a.max_running_requests)
     f += _flag("gpu-memory-utilization", a.mem_fraction)
+    # vLLM 0.32: the MoE kernel is the --moe-backend flag (KernelConfig.moe_backend, e.g. marlin); it reads
+    # no VLLM_MXFP4_USE_MARLIN variable any more (the variable was silently ignored)
+    f += _flag("moe-backend", a.moe_runner_backend)
     f += _flag("attention-backend", a.attention_backend.upper() if a.attention_backend else None)
     f += _flag("kv-cache-dtype", a.kv_cache_dtype if a.kv_cache_dtype != "bf16" else "auto")
     f += ["--enable-prefix-caching" if a.prefix_cache else "--no-enable-prefix-caching"]
@@ -125,8 +128,6 @@ def engine_command(engine: str, spec: EngineSpec, *, model_path: str, served_nam
 def engine_env(engine: str, spec: EngineSpec, placement: Placement = Placement()) -> dict[str, str]:
     """The profile's env plus what the args imply; identical on every rank but the NIC."""
     env = dict(spec.env)
-    if engine == "vllm" and spec.args.moe_runner_backend == "marlin":
-        env.setdefault("VLLM_MXFP4_USE_MARLIN", "1")
     env.update(placement.extra_env)
     return dict(sorted(env.items()))
 

@@ -104,3 +104,12 @@ def test_sglang_outside_its_image_is_an_error_not_a_crash(tmp_path, capsys):
     v = Verdict.read(tmp_path)
     assert rc == 1 and v.status == "error"
     assert "must run inside the engine image" in v.checks[0].detail and not (tmp_path / "traceback.txt").exists()
+
+
+def test_vllm_moe_backend_flag_is_checked_against_vllms_choices(vllm_adapter):
+    """engine_cmd maps moe_runner_backend to vLLM 0.32's --moe-backend (marlin passes, a typo fails)."""
+    assert "--moe-backend" in planned_argvs(KIMI, "vllm", "/m")["rank0"]
+    c = _checks(vllm_adapter, _engine(LOCAL, args={"moe_runner_backend": "marlin"}))
+    assert c["cli-flags"].status == "pass"
+    c = _checks(vllm_adapter, _engine(LOCAL, args={"moe_runner_backend": "marlinn"}))
+    assert c["cli-flags"].status == "fail" and "--moe-backend" in c["cli-flags"].detail
