@@ -39,6 +39,7 @@ def test_spec_decode_fields_are_kept():
     assert rec["spec_decode_acceptance_rate"] == 41.5 and rec["spec_decode_draft_tokens"] == 300
 
 
+@pytest.mark.slow  # imports vLLM (10-25 s on 2 cores)
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
 def test_argv_is_accepted_by_the_real_client_parser(tmp_path):
     from vllm.benchmarks.serve import add_cli_args
