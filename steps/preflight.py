@@ -13,6 +13,7 @@ import gc
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import socket
 import stat
@@ -70,6 +71,9 @@ def _read_small(root: Path, name: str, parse: bool) -> dict[str, Any]:
         info["error"] = "not a regular file"
         return info
     info["size"] = st.st_size
+    if st.st_size == 0:
+        info["error"] = "is empty (0 bytes)"
+        return info
     if st.st_size > SMALL_FILE_LIMIT:
         info["error"] = f"{st.st_size} bytes is too large for this kind of file"
         return info
@@ -167,6 +171,8 @@ def gather(model_dir: Path, spec: ModelSpec) -> dict[str, Any]:
         wm = idx["json"].get("weight_map") if isinstance(idx["json"], dict) else None
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
             facts["index_error"] = "no weight_map {tensor: shard file} mapping"
+        elif not wm:
+            facts["index_error"] = "weight_map is empty"
         else:
             facts["weight_map"] = wm
             shard_names = sorted(set(wm.values()))
@@ -178,7 +184,7 @@ def gather(model_dir: Path, spec: ModelSpec) -> dict[str, Any]:
     if facts.get("single_file"):
         t = facts["shards"]["model.safetensors"].get("tensors")
         facts["weight_map"] = {k: "model.safetensors" for k in t} if t is not None else None
-    named = set(shard_names)
+    named = {posixpath.normpath(n) for n in shard_names}
     facts["strays"] = sorted(rel for rel, e in entries.items() if e["type"] in ("file", "symlink")
                              and ((rel.endswith(".safetensors") and rel not in named) or rel.endswith(PARTIAL_SUFFIX)))
     facts["chat_template_syntax"] = _chat_template_syntax(facts["files"])
@@ -188,7 +194,10 @@ def gather(model_dir: Path, spec: ModelSpec) -> dict[str, Any]:
     if os.path.lexists(mpath):
         marker["present"] = True
         try:
-            if os.stat(mpath).st_size > SMALL_FILE_LIMIT:
+            mst = os.stat(mpath)
+            if not stat.S_ISREG(mst.st_mode):  # a FIFO would block the read
+                raise ValueError("marker is not a regular file")
+            if mst.st_size > SMALL_FILE_LIMIT:
                 raise ValueError("marker is too large")
             data, err = parse_marker(mpath.read_text(errors="replace"))
             marker.update(data=data, error=err)

@@ -362,3 +362,33 @@ def test_model_path_defaults_to_the_mount_path(tmp_path, clean_template, monkeyp
     pf.write_text(yaml.safe_dump(local.model_dump(mode="json")))
     assert main(["step", "preflight", "--profile", str(pf), "--out", str(tmp_path / "out")]) == 0
     assert Verdict.read(tmp_path / "out").metrics["model_dir"] == str(tmp_path / local.model.mount_path)
+
+
+def test_empty_tokenizer_file(tmp_path, model, profile):
+    (model / "tokenizer_config.json").write_bytes(b"")
+    assert_fails(tmp_path, model, profile, "tokenizer-files", "tokenizer_config.json", "empty")
+
+
+def test_empty_weight_map(tmp_path, model, profile):
+    _edit_index(model, lambda wm: wm.clear())
+    assert_fails(tmp_path, model, profile, "index-json", "weight_map is empty")
+
+
+def test_dot_slash_shard_names_are_the_same_files(tmp_path, model, profile):
+    _edit_index(model, lambda wm: wm.update({t: f"./{s}" for t, s in wm.items()}))
+    from steps._marker import write_marker
+    write_marker(model, revision="synthetic")
+    rc, v = run_preflight(tmp_path, model, profile)
+    assert rc == 0, failed(v)
+
+
+def test_marker_that_is_a_fifo_does_not_hang(tmp_path, model, profile):
+    (model / ".aik8s-complete").unlink()
+    os.mkfifo(model / ".aik8s-complete")
+    assert_fails(tmp_path, model, profile, "marker", "not a regular file")
+
+
+def test_symlink_loop_shard(tmp_path, model, profile):
+    (model / SHARD3).unlink()
+    (model / SHARD3).symlink_to(SHARD3)
+    assert_fails(tmp_path, model, profile, "shards-exist", SHARD3)
