@@ -99,3 +99,16 @@ def test_missing_or_broken_evidence_is_a_failed_check(nodes, tmp_path):
     v = Verdict.read(out)
     ev = {c.name: c for c in v.checks}["evidence"]
     assert rc == 1 and ev.status == "fail" and "invalid JSON" in ev.detail and "absent/verdict.json is missing" in ev.detail
+
+
+def test_graph_fans_preflight_out_per_node_and_joins_with_compare():
+    from workflows.graph import build_graph
+    main_dag = build_graph(KIMI).main
+    pre = [t for t in main_dag.tasks if t.step == "preflight"]
+    assert [t.node for t in pre] == [n.name for n in KIMI.hardware.nodes] and all(t.gpus == 0 for t in pre)
+    cmp = main_dag.task("preflight-compare")
+    assert cmp.depends == " && ".join(f"{t.name}.Succeeded" for t in pre)
+    assert [a.rsplit("/", 1)[-1] for a in cmp.args[1:]] == [t.name for t in pre]
+    local = build_graph(load_profile("local-cpu")).main
+    assert local.tasks[0].name == "prewarm" and local.tasks[0].step == "prewarm" and local.tasks[0].local_only
+    assert local.task("preflight").depends == "prewarm.Succeeded"
