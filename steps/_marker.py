@@ -12,6 +12,7 @@ is empty or plain text (an older sync tool) means "complete, no manifest".
 from __future__ import annotations
 
 import json
+import posixpath
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,28 @@ def write_marker(model_dir: Path, revision: str | None = None, marker: str = DEF
     return write_json_atomic(model_dir / marker, data)
 
 
+def _manifest(raw: Any) -> dict[str, int] | None:
+    """{name: size} from a mapping or a list of {name|path, size}; None when it is neither."""
+    if isinstance(raw, dict):
+        items = list(raw.items())
+    elif isinstance(raw, list) and all(isinstance(x, dict) for x in raw):
+        items = [(x.get("name", x.get("path")), x.get("size")) for x in raw]
+    else:
+        return None
+    out = {}
+    for name, size in items:
+        if not isinstance(name, str) or not isinstance(size, int) or isinstance(size, bool):
+            return None
+        out[posixpath.normpath(name)] = size
+    return out
+
+
 def parse_marker(text: str) -> tuple[dict[str, Any] | None, str | None]:
-    """(data, error): data is {} for an empty/plain-text marker, the JSON object otherwise."""
+    """(data, error): data is {} for an empty/plain-text marker, the JSON object otherwise.
+
+    The manifest is read from ``files`` (ours) or ``shards`` (a sync tool that lists only shards), as a
+    ``{name: size}`` mapping or a list of ``{name|path, size}``, and normalized into ``data["files"]``.
+    """
     stripped = text.strip()
     if not stripped.startswith("{"):
         return {"text": stripped[:200]} if stripped else {}, None
@@ -60,8 +81,10 @@ def parse_marker(text: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"marker looks like JSON but does not parse: {exc}"
     if not isinstance(data, dict):
         return None, "marker JSON is not an object"
-    files = data.get("files")
-    if files is not None and (not isinstance(files, dict)
-                              or not all(isinstance(v, int) and not isinstance(v, bool) for v in files.values())):
-        return None, "marker 'files' is not a {name: size} mapping"
+    for key in ("files", "shards"):
+        if data.get(key) is not None:
+            files = _manifest(data[key])
+            if files is None:
+                return None, f"marker {key!r} is not a {{name: size}} mapping or a list of {{name, size}}"
+            return {**data, "files": files}, None
     return data, None

@@ -392,3 +392,15 @@ def test_symlink_loop_shard(tmp_path, model, profile):
     (model / SHARD3).unlink()
     (model / SHARD3).symlink_to(SHARD3)
     assert_fails(tmp_path, model, profile, "shards-exist", SHARD3)
+
+
+def test_marker_manifest_of_shards_only_as_a_list(tmp_path, model, profile):
+    """A sync tool's manifest that lists only the shards, as [{name, size}], vouches for the shard set."""
+    shards = sorted(p for p in model.glob("*.safetensors"))
+    (model / ".aik8s-complete").write_text(json.dumps(
+        {"shards": [{"name": p.name, "size": p.stat().st_size} for p in shards]}))
+    rc, v = run_preflight(tmp_path, model, profile)
+    assert rc == 0, failed(v)
+    with open(shards[5], "ab") as fh:
+        fh.write(b"x")
+    assert_fails(tmp_path, model, profile, "marker-manifest", shards[5].name, "the manifest says")
