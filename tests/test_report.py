@@ -52,7 +52,10 @@ def _run_dir(tmp_path: Path) -> Path:
                 "verdict_reason": why, "comparison": rows,
                 "tables": {"cold": {"c2-128-32": case_table(var.rounds)},
                            "reusable_prefix": {"c2-128-32": case_table(var.rounds)}},
-                "prefix_cache_hit_rate": {"reusable_prefix": {"c2-128-32": [0.4, 0.9, 0.9]}}}
+                "prefix_cache_hit_rate": {"reusable_prefix": {"c2-128-32": [0.4, 0.9, 0.9]}},
+                # as the real ngram-spec run recorded them (bench JSON spec_decode_* fields)
+                "speculative": {"c2-128-32": {"acceptance_rate_pct": 83.3, "acceptance_length": 3.44,
+                                              "draft_tokens": 120.0, "engine_rss_bytes_max": 3182329856}}}
                ).write(run / "vllm" / "exp-prefix-cache")
     Verdict.of("regress", now_iso(), [Check("vllm/c2-128-32/output_throughput", "fail", detail="regressed")],
                {"labels": [{"engine": "vllm", "case": "c2-128-32", "metric": "output_throughput",
@@ -75,6 +78,7 @@ def test_report_sections_and_plots(tmp_path):
     assert "77.1 [75.5–78.6]" in md
     assert "beyond capability (known)" in md and "| 16384 | refused | not run |" in md
     assert "keep baseline" in md and "reusable prefix phase" in md and "90%" in md
+    assert "| c2-128-32 | 83.3 | 3.44 | 120 |" in md
     assert "**regressed**" in md and "per-rank expert load: unavailable" in md
     for png in ("throughput.png", "latency.png", "ladder.png", "trend.png"):
         data = (run / png).read_bytes()
