@@ -95,6 +95,8 @@ def _index_checks(facts: dict[str, Any]) -> list[Check]:
 
 
 def _header_kind(error: str) -> str:
+    if "beyond what its header declares" in error:
+        return "has trailing bytes"
     if "not fully covered" in error or "shorter than" in error:
         return "truncated"
     if error.startswith("cannot read"):

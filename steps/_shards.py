@@ -43,6 +43,15 @@ def _dtypes(raw: bytes) -> dict[str, str]:
     return {k: v.get("dtype") for k, v in header.items()}
 
 
+def _declared_size(raw: bytes) -> int | None:
+    try:
+        header = json.loads(raw)
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        return 8 + len(raw) + max(ends, default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+
+
 def _os_error(exc: OSError) -> str:
     if isinstance(exc, PermissionError):
         return "cannot read: permission denied"
@@ -85,6 +94,12 @@ def read_header(path: Path, *, tensors: bool = True) -> dict[str, Any]:
     except Exception as exc:  # SafetensorError and friends: the library's words are the cause
         msg = str(exc).removeprefix("Error while deserializing header: ")
         facts["error"] = f"safetensors says {msg!r}"
+        if "not fully covered" in msg:  # say which way: short of what the header declares, or longer
+            facts["declared_size"] = _declared_size(raw)
+            if facts["declared_size"] is not None:
+                diff = size - facts["declared_size"]
+                facts["error"] += (f" ({-diff:,} bytes short of the {facts['declared_size']:,} its header declares)"
+                                   if diff < 0 else f" ({diff:,} bytes beyond what its header declares)")
         return facts
     if tensors:
         try:

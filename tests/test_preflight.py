@@ -404,3 +404,19 @@ def test_marker_manifest_of_shards_only_as_a_list(tmp_path, model, profile):
     with open(shards[5], "ab") as fh:
         fh.write(b"x")
     assert_fails(tmp_path, model, profile, "marker-manifest", shards[5].name, "the manifest says")
+
+
+def test_shard_with_one_trailing_byte(tmp_path, model, profile):
+    with open(model / SHARD3, "ab") as fh:
+        fh.write(b"\0")
+    assert_fails(tmp_path, model, profile, "shard-headers", f"shard {SHARD3} has trailing bytes",
+                 "1 bytes beyond what its header declares")
+
+
+def test_tensor_shape_not_matching_its_offsets(tmp_path, model, profile):
+    p = model / SHARD3
+    raw = bytearray(p.read_bytes())
+    i = raw.index(b'"shape":[') + len(b'"shape":[')   # first digit of the first shape: same length, new size
+    raw[i] = ord("9") if raw[i] != ord("9") else ord("8")
+    p.write_bytes(bytes(raw))
+    assert_fails(tmp_path, model, profile, "shard-headers", SHARD3, "invalid shape")
