@@ -116,7 +116,7 @@ def test_sparse_full_size_layout_passes_fast(tmp_path):
     t0 = time.perf_counter()
     rc, v = run_preflight(tmp_path, d, KIMI)
     assert rc == 0, failed(v)
-    assert time.perf_counter() - t0 < 3.0  # the benchmark holds it to 1 s; CI machines vary
+    assert time.perf_counter() - t0 < 5.0  # benchmarks/preflight.py holds it to 1 s; a loaded CI box is slower
     assert v.metrics["weight_bytes"] == 1_560_936_091_448
 
 
