@@ -186,7 +186,16 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
     order = sorted(v.items(), key=lambda kv: (kv[1].get("started", ""), kv[0]))
     statuses = [d.get("status") for _, d in order]
     L += [f"Gates: {sum(s == 'pass' for s in statuses)} pass, {sum(s == 'fail' for s in statuses)} fail, "
-          f"{sum(s == 'error' for s in statuses)} error, {sum(s == 'skip' for s in statuses)} skip.", ""]
+          f"{sum(s == 'error' for s in statuses)} error, {sum(s == 'skip' for s in statuses)} skip.", "",
+          "| task | gate | verdict | checks pass / fail / skip | first problem |", "|---|---|---|---|---|"]
+    for rel, d in order:
+        cs = d.get("checks", [])
+        n = {k: sum(c.get("status") == k for c in cs) for k in ("pass", "fail", "error", "skip")}
+        bad = next((c for c in cs if c.get("status") in ("fail", "error")), None)
+        why = f"{bad['name']}: {str(bad.get('detail', ''))[:120]}".replace("|", "\\|") if bad else ""
+        L.append(f"| {rel} | {d.get('gate')} | **{d.get('status')}** | {n['pass']} / {n['fail'] + n['error']} / "
+                 f"{n['skip']} | {why} |")
+    L.append("")
 
     # environment
     L += ["## Environment", ""]
