@@ -84,6 +84,8 @@ def _vllm_flags(a: EngineArgs) -> list[str]:
             spec["prompt_lookup_max"] = a.speculative.prompt_lookup_max
         f += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
     f += _flag("disable-custom-all-reduce", a.disable_custom_all_reduce)
+    if not a.flashinfer_autotune:
+        f += ["--no-enable-flashinfer-autotune"]   # KernelConfig.enable_flashinfer_autotune (vLLM 0.32)
     f += _flag("trust-remote-code", a.trust_remote_code)
     f += _flag("dtype", a.dtype)
     return f
