@@ -27,6 +27,8 @@ __all__ = ["Task", "Dag", "Graph", "build_graph", "param_name", "RUN_DIR", "ENGI
 RUN_DIR = "{{workflow.parameters.run-dir}}"
 ENGINE_SEQUENCE = "engine-sequence"
 ENGINES_CHOICES = ("both", "sglang", "vllm")
+# The step image built on the pinned vLLM image: the one bench client, CUDA torch for the GPU probe.
+BENCH_IMAGE = "steps-vllm"
 
 
 def param_name(text: str) -> str:
@@ -93,6 +95,9 @@ def _engine_sequence(profile: Profile) -> Dag:
     eng = "{{inputs.parameters.engine}}"
     endpoint = "{{tasks.deploy.outputs.parameters.endpoint}}"
     common = ("--engine", eng, "--endpoint", endpoint)
+    # One client for every engine: `vllm bench serve` from the vLLM image, on a pool node whose
+    # NVMe cache holds the tokenizer (the model is never read over the network file system).
+    bench = {"image": BENCH_IMAGE, "node": profile.hardware.nodes[0].name if profile.hardware.nodes else None}
     tasks: list[Task] = [
         Task("deploy", step="deploy", gate="gate2", args=("--engine", eng), outputs=("endpoint",),
              timeout_s=max(e.startup_timeout_s for e in profile.engines.values()) + 600),
@@ -100,13 +105,13 @@ def _engine_sequence(profile: Profile) -> Dag:
     ]
     base_cases = [c for c in profile.bench.cases if c.requires_stable is None]
     gated_cases = [c for c in profile.bench.cases if c.requires_stable is not None]
-    tasks.append(Task("perf", step="perf", gate="gate4", depends=_ok("smoke"),
+    tasks.append(Task("perf", step="perf", gate="gate4", depends=_ok("smoke"), **bench,
                       args=(*common, "--cases", ",".join(c.name for c in base_cases)),
                       outputs=tuple(f"unlock_{param_name(c.name)}" for c in gated_cases)))
     last = "perf"
     for c in gated_cases:
         name = f"perf-{c.name}"
-        tasks.append(Task(name, step="perf", gate="gate4", depends=_ok(last, skipped=last != "perf"),
+        tasks.append(Task(name, step="perf", gate="gate4", depends=_ok(last, skipped=last != "perf"), **bench,
                           when=f"{{{{tasks.perf.outputs.parameters.unlock_{param_name(c.name)}}}}} == true",
                           args=(*common, "--cases", c.name)))
         last = name
@@ -129,8 +134,8 @@ def _engine_sequence(profile: Profile) -> Dag:
         when = None
         if v.engine is not None:
             when = f"'{eng}' == '{v.engine}'"
-        tasks.append(Task(name, step="experiment", gate="gate6", depends=prev_ok, when=when,
-                          args=("--engine", eng, "--variant", v.name), gpus=0))
+        tasks.append(Task(name, step="experiment", gate="gate6", depends=prev_ok, when=when, **bench,
+                          args=("--engine", eng, "--variant", v.name)))
         prev_ok = _ok(name, skipped=True)
     tasks.append(Task("teardown", step="teardown", gate="gate2", depends=prev_ok, args=("--engine", eng)))
     return Dag(ENGINE_SEQUENCE, tuple(tasks), inputs=("engine",))
@@ -171,8 +176,7 @@ def build_graph(profile: Profile) -> Graph:
             t = f"nodes-{i}"
             tasks.append(Task(t, step="nodes", gate="gate1", node=node, depends=_ok(*checks, skipped=True),
                               args=("--node", node), cluster_only=True, gpus=profile.hardware.gpus_per_node,
-                              # the GPU health probe needs CUDA torch: the baseline engine's image has it
-                              image=profile.engines[profile.baseline_engine].image, host_network=True))
+                              image=BENCH_IMAGE, host_network=True))
             gate1.append(t)
         tasks.append(Task("network", step="network", gate="gate1", depends=_ok(*gate1), cluster_only=True))
         gate1 = ["network"]

@@ -70,8 +70,8 @@ def _localize(text: str, inputs: dict[str, str]) -> str:
 
 def _step_image(images: dict[str, ImageRef], task: GTask, dag_inputs: dict[str, str]) -> tuple[str, bool]:
     """(image, in_engine_image): an engine image runs the project's code copied in by an init container."""
-    key = task.image
-    return images[key].ref, key != "steps"
+    ref = images[task.image]
+    return ref.ref, ref.engine is not None
 
 
 def _volumes(profile: Profile) -> list[m.Volume]:
@@ -92,7 +92,7 @@ def _volumes(profile: Profile) -> list[m.Volume]:
 def _mounts(profile: Profile, task: GTask) -> list[m.VolumeMount]:
     mdl = profile.model
     mounts = [m.VolumeMount(name="runs", mount_path="/runs")]
-    if task.step in ("preflight", "nodes", "engine-check"):
+    if task.step in ("preflight", "nodes", "engine-check", "perf", "experiment"):
         mounts.append(m.VolumeMount(name="model-cache", mount_path=mdl.mount_path, read_only=True))
     if task.step == "prewarm":
         mounts.append(m.VolumeMount(name="model-cache-rw", mount_path=mdl.host_cache_path))
@@ -146,6 +146,10 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
                                                                  default="false" if o.startswith("unlock") else "")))
     outputs.append(Artifact(name="evidence", path=_localize(out, {}), optional=True))
     env = _env()
+    env_from = None
+    if task.step in ("perf", "experiment", "regress", "report", "cleanup"):
+        # results-store credentials (e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_ENDPOINT_URL)
+        env_from = [m.EnvFromSource(secret_ref=m.SecretEnvSource(name="gauntlet-results", optional=True))]
     init = None
     if in_engine:
         command = ["python3", "-m", "workflows.cli"]
@@ -165,6 +169,7 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
         command=command,
         args=args,
         env=env,
+        env_from=env_from,
         inputs=[Parameter(name=k) for k in sorted(inputs)],
         outputs=outputs,
         volume_mounts=mounts,
