@@ -258,6 +258,8 @@ def stop_all(run_dir: Path) -> list[dict[str, Any]]:
     whose deploy was killed before recording it is found too.
     """
     run_dir = Path(run_dir).resolve()
+    if run_dir == Path(run_dir.anchor):
+        raise UsageError(f"stop_all: {run_dir} is a filesystem root, not a run directory")
     targets: dict[int, dict[str, Any]] = {}
     for pgid, lab in find_labelled(run_dir).items():
         targets[pgid] = {"pgid": pgid, "dir": lab["dir"], "port": lab["port"]}

@@ -113,6 +113,7 @@ def _kill_group(pgid: int, grace_s: float, reap: subprocess.Popen | None) -> lis
         while time.monotonic() < deadline:
             _reap(reap)
             if not group_members(pgid):
+                _reap(reap, wait_s=2.0)      # the leader may have died after the poll above
                 return alive
             time.sleep(0.1)
     _reap(reap)
@@ -122,9 +123,13 @@ def _kill_group(pgid: int, grace_s: float, reap: subprocess.Popen | None) -> lis
     return alive
 
 
-def _reap(proc: subprocess.Popen | None) -> None:
-    if proc is not None:
-        proc.poll()
+def _reap(proc: subprocess.Popen | None, wait_s: float = 0.0) -> None:
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout=wait_s) if wait_s else proc.poll()
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def port_open(host: str, port: int) -> bool:
