@@ -256,7 +256,10 @@ from pathlib import Path
 from tests.test_runner import fake_graph, make_runner
 r = make_runner(Path({tmp!r}), fake_graph(None))   # FAKE_SLOW makes smoke hang after the fake engine is up
 r.stream = sys.stdout
-print(r.run(), flush=True)
+status = r.run()
+import json
+(r.run_dir / "tasks.json").write_text(json.dumps({{x.path: [x.phase, x.reason] for x in r.results}}))
+print(status, flush=True)
 """
 
 
@@ -279,3 +282,8 @@ def test_sigint_mid_run_runs_exit_handler_and_leaves_nothing(tmp_path: Path) -> 
         assert group_members(pgid) == []
     cv = json.loads((run_dir / "cleanup" / "verdict.json").read_text())
     assert cv["metrics"]["workflow_status"] == "Failed" and cv["status"] == "pass"
+    tasks = json.loads((run_dir / "tasks.json").read_text())
+    assert tasks["vllm/smoke"] == ["Failed", "interrupted (Ctrl-C or SIGTERM); the step was stopped"]
+    assert tasks["vllm/perf"] == ["Omitted", "not reached: the run was interrupted"]
+    assert tasks["report"] == ["Omitted", "not reached: the run was interrupted"]
+    assert tasks["cleanup"][0] == "Succeeded"

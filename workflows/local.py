@@ -116,6 +116,7 @@ class Runner:
         except (KeyboardInterrupt, Interrupted):
             self.interrupted = True
             self.say("interrupted: stopping; the exit handler still runs")
+            self._mark_unreached(self.graph.main, "")
         status = "Failed" if self.interrupted or any(r.phase == "Failed" for r in self.results) else "Succeeded"
         self._exit_handler(status)
         return status
@@ -149,6 +150,19 @@ class Runner:
             if self.interrupted:
                 raise Interrupted()
         return "Failed" if failed else "Succeeded"
+
+    def _mark_unreached(self, dag: Dag, prefix: str) -> None:
+        """After an interrupt: every task the walk never reached shows as Omitted, with why."""
+        done = {r.path for r in self.results}
+        for t in dag.tasks:
+            if t.dag:
+                sub = self.graph.dag(t.dag)
+                seg = t.inputs.get("engine", t.name) if sub.name == ENGINE_SEQUENCE else t.name
+                if any(p.startswith(f"{prefix}{seg}/") for p in done):
+                    self._mark_unreached(sub, f"{prefix}{seg}/")
+            if f"{prefix}{t.name}" not in done:
+                self.results.append(TaskResult(f"{prefix}{t.name}", t.name, t.gate, t.step, "Omitted",
+                                               "not reached: the run was interrupted"))
 
     def _decide(self, task: Task, prefix: str, phases: dict[str, str], scope: dict[str, Any]) -> TaskResult | None:
         """A result for a task that does not run (Skipped/Omitted), or None when it runs."""
