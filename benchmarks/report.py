@@ -30,7 +30,7 @@ from steps._stats import stability  # noqa: E402
 from steps.perf import CaseResult  # noqa: E402
 from steps.results import append_rounds  # noqa: E402
 
-FIXTURE = Path("/work/shared/fixtures/vllm-0.32.0-cpu/bench-serve-result.json")
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 NOISE = ROOT / "benchmarks" / "data" / "noise-local-cpu.json"
 CASES = (("c2-128-32", 2), ("c4-128-32", 4))
 

@@ -8,7 +8,7 @@ import pytest
 
 from steps._bench import BenchRequest, client_argv, parse_result
 
-FIXTURE = Path("/work/shared/fixtures/vllm-0.32.0-cpu/bench-serve-result.json")
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 
 
 def test_parse_real_fixture():

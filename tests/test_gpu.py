@@ -10,9 +10,7 @@ import pytest
 from params import load_profile
 from steps import _gpu
 
-FIX = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "gpu" / "nvidia-h200-1gpu"
-if not FIX.is_dir():
-    FIX = Path("/work/shared/fixtures/gpu/nvidia-h200-1gpu")
+FIX = Path(__file__).resolve().parent / "fixtures" / "gpu" / "nvidia-h200-1gpu"
 
 
 @pytest.fixture(scope="module")

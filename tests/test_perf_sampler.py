@@ -7,7 +7,7 @@ import pytest
 from steps._sampler import (cpu_times, engine_gauges, headroom, parse_nvidia_smi_csv, parse_proc_net_dev,
                             parse_prometheus, summarize_samples)
 
-GPU = Path("/work/shared/fixtures/gpu/nvidia-h200-1gpu/nvidia-smi-query.csv")
+GPU = Path(__file__).resolve().parent / "fixtures" / "gpu/nvidia-h200-1gpu/nvidia-smi-query.csv"
 
 VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

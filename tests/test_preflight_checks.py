@@ -12,7 +12,7 @@ from steps._config_checks import config_checks, read_layer_kinds, read_quantizat
 from steps._fingerprint import fingerprint, fingerprint_diff
 from steps._shards import index_path_problem, read_header
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32.0-cpu"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 
 
 def by_name(checks):

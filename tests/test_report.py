@@ -12,7 +12,7 @@ from steps.longctx import RungResult, judge_rung
 from steps.perf import CaseResult, case_table
 from steps.report import fair_ab, write_report
 
-FIXTURE = Path("/work/shared/fixtures/vllm-0.32.0-cpu/bench-serve-result.json")
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 
 
 def _case(name, conc, scale=1.0):

@@ -8,7 +8,7 @@ import pytest
 from steps._bench import parse_result
 from steps._stats import mad, round_validity, spread_rel, stability, summarize
 
-FIXTURE = Path("/work/shared/fixtures/vllm-0.32.0-cpu/bench-serve-result.json")
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 
 
 def test_summary_is_median_with_min_max_and_iqr_not_best():
