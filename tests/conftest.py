@@ -96,3 +96,12 @@ def local_engine(local_model: Path, tmp_path_factory: pytest.TempPathFactory):
                             engine.peak_rss_bytes)
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def endpoint(request) -> str:
+    """The engine the real-engine tests talk to: $GAUNTLET_TEST_ENDPOINT when set (an engine
+    already running), else the session's `local_engine`."""
+    if os.environ.get("GAUNTLET_TEST_ENDPOINT"):
+        return os.environ["GAUNTLET_TEST_ENDPOINT"]
+    return request.getfixturevalue("local_engine").base_url

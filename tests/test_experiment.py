@@ -72,16 +72,6 @@ def test_baseline_cases_read_from_perf_evidence(tmp_path):
 
 # ---- real engine --------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def endpoint(request) -> str:
-    import os
-    if os.environ.get("GAUNTLET_TEST_ENDPOINT"):
-        return os.environ["GAUNTLET_TEST_ENDPOINT"]
-    eng = request.getfixturevalue("local_engine")
-    for attr in ("endpoint", "url", "base_url"):
-        if isinstance(getattr(eng, attr, None), str):
-            return getattr(eng, attr)
-    return str(eng)
 
 
 @pytest.mark.engine

@@ -84,16 +84,6 @@ def test_judge_answer():
 
 # ---- real engine --------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def endpoint(request) -> str:
-    import os
-    if os.environ.get("GAUNTLET_TEST_ENDPOINT"):
-        return os.environ["GAUNTLET_TEST_ENDPOINT"]
-    eng = request.getfixturevalue("local_engine")
-    for attr in ("endpoint", "url", "base_url"):
-        if isinstance(getattr(eng, attr, None), str):
-            return getattr(eng, attr)
-    return str(eng)
 
 
 @pytest.mark.engine

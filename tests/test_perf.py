@@ -7,7 +7,6 @@ GAUNTLET_TEST_ENDPOINT to use an engine you started yourself.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -64,15 +63,6 @@ def test_table_uses_valid_rounds_only_and_reports_median():
 
 # ---- real engine --------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def endpoint(request) -> str:
-    if os.environ.get("GAUNTLET_TEST_ENDPOINT"):
-        return os.environ["GAUNTLET_TEST_ENDPOINT"]
-    eng = request.getfixturevalue("local_engine")
-    for attr in ("endpoint", "url", "base_url"):
-        if isinstance(getattr(eng, attr, None), str):
-            return getattr(eng, attr)
-    return str(eng)
 
 
 def small_profile(tmp_path: Path, **bench) -> Path:
