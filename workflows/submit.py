@@ -56,25 +56,29 @@ def submit(profile: Profile, args: argparse.Namespace) -> int:
     svc = WorkflowsService(host=args.host, token=token, namespace=namespace, verify_ssl=args.verify_ssl)
     wt = WorkflowTemplate.model_validate(yaml.safe_load(paths[0].read_text()))
     cron = CronWorkflow.model_validate(yaml.safe_load(paths[1].read_text()))
+
+    def create_or_update(kind, obj, create, get, update):
+        try:
+            create()
+            print(f"created {kind}/{obj.metadata.name}")
+        except AlreadyExists:
+            obj.metadata.resource_version = get().metadata.resource_version
+            update()
+            print(f"updated {kind}/{obj.metadata.name}")
+
     try:
-        try:
-            svc.create_workflow_template(WorkflowTemplateCreateRequest(template=wt), namespace=namespace)
-            print(f"created workflowtemplate/{wt.metadata.name}")
-        except AlreadyExists:
-            cur = svc.get_workflow_template(wt.metadata.name, namespace=namespace)
-            wt.metadata.resource_version = cur.metadata.resource_version
-            svc.update_workflow_template(wt.metadata.name, WorkflowTemplateUpdateRequest(template=wt),
-                                         namespace=namespace)
-            print(f"updated workflowtemplate/{wt.metadata.name}")
-        try:
-            svc.create_cron_workflow(CreateCronWorkflowRequest(cron_workflow=cron), namespace=namespace)
-            print(f"created cronworkflow/{cron.metadata.name}")
-        except AlreadyExists:
-            cur = svc.get_cron_workflow(cron.metadata.name, namespace=namespace)
-            cron.metadata.resource_version = cur.metadata.resource_version
-            svc.update_cron_workflow(cron.metadata.name, UpdateCronWorkflowRequest(cron_workflow=cron),
-                                     namespace=namespace)
-            print(f"updated cronworkflow/{cron.metadata.name}")
+        create_or_update(
+            "workflowtemplate", wt,
+            lambda: svc.create_workflow_template(WorkflowTemplateCreateRequest(template=wt), namespace=namespace),
+            lambda: svc.get_workflow_template(wt.metadata.name, namespace=namespace),
+            lambda: svc.update_workflow_template(wt.metadata.name, WorkflowTemplateUpdateRequest(template=wt),
+                                                 namespace=namespace))
+        create_or_update(
+            "cronworkflow", cron,
+            lambda: svc.create_cron_workflow(CreateCronWorkflowRequest(cron_workflow=cron), namespace=namespace),
+            lambda: svc.get_cron_workflow(cron.metadata.name, namespace=namespace),
+            lambda: svc.update_cron_workflow(cron.metadata.name, UpdateCronWorkflowRequest(cron_workflow=cron),
+                                             namespace=namespace))
     except HeraException as exc:
         raise UsageError(f"submit: Argo refused: {str(exc).splitlines()[0]}") from None
     except OSError as exc:
