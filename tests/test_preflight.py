@@ -359,7 +359,9 @@ def test_model_path_defaults_to_the_mount_path(tmp_path, clean_template, monkeyp
     local = load_profile("local-cpu")
     synth_from_profile(local, tmp_path / local.model.mount_path)
     pf = tmp_path / "profile.yaml"
-    pf.write_text(yaml.safe_dump(local.model_dump(mode="json")))
+    data = local.model_dump(mode="json")
+    data["model"].update(weight_bytes=None, revision=None)  # the synthetic copy is not the prepared model
+    pf.write_text(yaml.safe_dump(data))
     assert main(["step", "preflight", "--profile", str(pf), "--out", str(tmp_path / "out")]) == 0
     assert Verdict.read(tmp_path / "out").metrics["model_dir"] == str(tmp_path / local.model.mount_path)
 
