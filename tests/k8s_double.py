@@ -27,9 +27,11 @@ import re
 import threading
 import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from loopback import JsonHandler
 
 __all__ = ["K8sDouble", "FakeEngine", "running"]
 
@@ -100,17 +102,7 @@ class K8sDouble:
     def __enter__(self) -> K8sDouble:
         double = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a: Any) -> None:  # keep pytest output clean
-                pass
-
-            def _send(self, code: int, body: Any, ctype: str = "application/json") -> None:
-                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JsonHandler):
 
             def _handle(self) -> None:
                 u = urlparse(self.path)
@@ -290,17 +282,7 @@ class FakeEngine:
     def __enter__(self) -> FakeEngine:
         eng = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JsonHandler):
 
             def do_GET(self) -> None:
                 eng.calls.append(f"GET {self.path}")
