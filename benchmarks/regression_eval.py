@@ -1,37 +1,266 @@
-"""Evaluate the nightly regression rule on noise recorded from real local runs.
+"""The nightly regression rule measured against the statistical limit and the anchors' rules.
 
 Record (real engine, real client, one case, N rounds)::
 
-    .venv/bin/python benchmarks/regression_eval.py record --endpoint http://127.0.0.1:8791 \
+    .venv/bin/python benchmarks/regression_eval.py record --endpoint http://127.0.0.1:8791 \\
         --rounds 40 --out benchmarks/data/noise-local-cpu.json
 
-Evaluate (synthetic nights resampled from those rounds, injected changes)::
+Evaluate (docs/regression.md has the table and the exact command)::
 
-    .venv/bin/python benchmarks/regression_eval.py evaluate benchmarks/data/noise-local-cpu.json
+    .venv-bench/bin/python benchmarks/regression_eval.py evaluate benchmarks/data/noise-local-cpu.json
 
-A synthetic night is the median of ``rounds`` rounds drawn without replacement
-from the recorded pool, exactly how a real night's value is formed; the last
-night gets the injected change (throughput x (1 - drop), P99 TTFT x (1 + rise)).
+Series: the recorded rounds (bootstrapped: a night is 3 rounds drawn from the pool) and synthetic
+rounds at a coefficient of variation of 1%, 2% and 5% per round (both throughputs share one draw,
+as both are counts over one duration; the three latencies draw their own). A trial is a history of
+``window`` nights, then two new nights; with a step, both new nights (and their confirmation
+rounds) lose ``step`` of their throughput. A night's value is the median of its 3 rounds, as in
+the store.
+
+Rules: ours in two stages (steps/regress.py: suspect, confirm on fresh rounds), ours without
+confirmation (the single-night band), PyTorch HUD's (>= 20% worse than the median of the prior
+window, two nights in a row), SGLang CI's (10% worse than the mean of the previous 10 runs),
+apache-otava's E-Divisive (called as a library on the night series), and the oracle: a one-sided
+z-test of the night's throughput rounds against the history's rounds with the round sigma known.
+
+Per rule: false alarms per case-night with no change (the second new night's verdict; any of the 5
+metrics, and throughput alone), and detection of a throughput step on the first night and within
+two nights. HUD and SGLang are also run at thresholds calibrated to ours' false-alarm rate, which
+is the comparison at equal false alarms.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from params import load_profile  # noqa: E402
-from steps._bench import BenchRequest, parse_result, run_client  # noqa: E402
-from steps._stats import median, round_validity  # noqa: E402
-from steps.regress import METRICS, Rule, judge  # noqa: E402
+from steps.regress import DEFAULT_RULE, METRICS, Rule, judge  # noqa: E402
+
+MET = list(METRICS)
+TPUT = [MET.index("output_throughput"), MET.index("request_throughput")]
+DIRECTION = np.array([METRICS[m][0] for m in MET])
+NIGHT_ROUNDS = 3
+ALPHA = 0.01          # the goal's false-alarm budget per case-night
+HUD_REL, HUD_RUN = 0.20, 2
+SGL_REL, SGL_RUNS = 0.10, 10
+
+
+# ---- series -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    rounds: np.ndarray        # (trials, nights, rounds per night incl. confirmation, metrics)
+    sigma: np.ndarray         # (metrics,) the known sd of one round (the oracle's knowledge)
+
+
+def recorded_series(pool: np.ndarray, trials: int, nights: int, per_night: int, rng: np.random.Generator) -> Series:
+    idx = rng.integers(0, len(pool), size=(trials, nights, per_night))
+    return Series("recorded", pool[idx], pool.std(axis=0))
+
+
+def synthetic_series(cv: float, centre: np.ndarray, trials: int, nights: int, per_night: int,
+                     rng: np.random.Generator) -> Series:
+    eps = rng.standard_normal((trials, nights, per_night, len(MET)))
+    eps[..., TPUT[1]] = eps[..., TPUT[0]]     # request and output throughput: one duration
+    return Series(f"CV {cv:.0%}", centre * (1 + cv * eps), centre * cv)
+
+
+def with_step(s: Series, step: float, first_new: int) -> np.ndarray:
+    x = s.rounds.copy()
+    x[:, first_new:, :, TPUT] *= 1 - step
+    return x
+
+
+# ---- rules: each returns (flag any metric, flag throughput) per trial and new night --------------
+
+def ours(x: np.ndarray, window: int, rule: Rule, confirm: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """steps/regress.py's own judge over every trial; also the cases it measured again."""
+    trials, nights = x.shape[:2]
+    nv = np.median(x[:, :, :NIGHT_ROUNDS], axis=2)                          # night values
+    cv = np.median(x[:, :, NIGHT_ROUNDS:NIGHT_ROUNDS + rule.confirm_rounds], axis=2)
+    any_, tput, remeasured = (np.zeros((trials, 2), bool) for _ in range(3))
+    key = ("e", "c")
+    for t in range(trials):
+        for j, n in enumerate((window + 1, window + 2)):
+            hist = [dict(zip(MET, v)) for v in nv[t, n - window:n]]
+            conf = {key: (dict(zip(MET, cv[t, n])), rule.confirm_rounds)} if confirm else None
+            labels = judge({key: dict(zip(MET, nv[t, n]))}, {key: hist}, rule, confirm=conf,
+                           night_rounds=NIGHT_ROUNDS)
+            bad = {lb.metric for lb in labels if lb.label == "regressed"}
+            any_[t, j] = bool(bad)
+            tput[t, j] = "output_throughput" in bad
+            remeasured[t, j] = any(lb.suspected for lb in labels)
+    return any_, tput, remeasured
+
+
+def _worse_rel(value: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """How much worse than ``ref`` (a fraction, positive = worse) per metric's direction."""
+    return (ref - value) / ref * DIRECTION
+
+
+def hud_scores(x: np.ndarray, window: int) -> np.ndarray:
+    """(trials, 2, metrics): the smaller of two consecutive nights' shortfalls against their prior medians."""
+    nv = np.median(x[:, :, :NIGHT_ROUNDS], axis=2)
+    w = [_worse_rel(nv[:, n], np.median(nv[:, n - window:n], axis=1)) for n in (window, window + 1, window + 2)]
+    return np.stack([np.minimum(w[0], w[1]), np.minimum(w[1], w[2])], axis=1)
+
+
+def sglang_scores(x: np.ndarray, window: int) -> np.ndarray:
+    nv = np.median(x[:, :, :NIGHT_ROUNDS], axis=2)
+    return np.stack([_worse_rel(nv[:, n], nv[:, n - SGL_RUNS:n].mean(axis=1)) for n in (window + 1, window + 2)], axis=1)
+
+
+def threshold_rule(scores: np.ndarray, rel: float) -> tuple[np.ndarray, np.ndarray]:
+    return (scores >= rel).any(axis=2), scores[..., TPUT[0]] >= rel
+
+
+def oracle_scores(x: np.ndarray, window: int, sigma: np.ndarray) -> np.ndarray:
+    """(trials, 2, metrics) one-sided z of the night's throughput rounds against the history's rounds,
+    sigma known; the other metrics are not tested (-inf): the oracle is told where the step is."""
+    m = TPUT[0]
+    z = np.full((len(x), 2, len(MET)), -np.inf)
+    for j, n in enumerate((window + 1, window + 2)):
+        hist = x[:, n - window:n, :NIGHT_ROUNDS, m].reshape(len(x), -1)
+        night = x[:, n, :NIGHT_ROUNDS, m]
+        se = sigma[m] * np.sqrt(1 / NIGHT_ROUNDS + 1 / hist.shape[1])
+        z[:, j, m] = (hist.mean(axis=1) - night.mean(axis=1)) / se
+    return z
+
+
+def otava(x: np.ndarray, window: int, trials: int, max_pvalue: float) -> tuple[np.ndarray, np.ndarray]:
+    """apache-otava's E-Divisive on each metric's night series; an alarm is a worse-going change
+    point at one of the new nights (what a nightly would be told that morning)."""
+    from otava.analysis import compute_change_points
+
+    nv = np.median(x[:trials, :, :NIGHT_ROUNDS], axis=2)
+    any_, tput = np.zeros((trials, 2), bool), np.zeros((trials, 2), bool)
+    for t in range(trials):
+        for j, n in enumerate((window + 1, window + 2)):
+            for mi, d in enumerate(DIRECTION):
+                series = nv[t, n - window:n + 1, mi]
+                cps = compute_change_points(series, window_len=len(series), max_pvalue=max_pvalue)
+                hit = any(cp.index >= window - j and (cp.forward_change_percent() * d) < 0 for cp in cps)
+                any_[t, j] |= hit
+                tput[t, j] |= hit and mi == TPUT[0]
+    return any_, tput
+
+
+# ---- evaluation ------------------------------------------------------------------
+
+def rates(any_: np.ndarray, tput: np.ndarray) -> dict[str, float]:
+    """False alarm reads the second new night; detection the first, or either."""
+    return {"fa_any": any_[:, 1].mean(), "fa_tput": tput[:, 1].mean(),
+            "first": tput[:, 0].mean(), "two": (tput[:, 0] | tput[:, 1]).mean()}
+
+
+def calibrated(null_scores: np.ndarray, target: float = ALPHA) -> float:
+    """The threshold at which a score alarms on ``target`` of the no-change case-nights, on throughput:
+    every rule compared at the same false-alarm rate (the budget) on the metric that carries the step."""
+    return float(np.quantile(null_scores[:, 1, TPUT[0]], 1 - target))
+
+
+def evaluate_series(s: Series, window: int, steps: list[float], rule: Rule, otava_trials: int,
+                    otava_p: float) -> list[dict]:
+    """Every rule on the no-change rounds and on each step, the same rounds throughout."""
+    z_crit = NormalDist().inv_cdf(1 - ALPHA)
+    null_scores = {"hud": hud_scores(s.rounds, window), "sglang": sglang_scores(s.rounds, window),
+                   "oracle": oracle_scores(s.rounds, window, s.sigma)}
+    cal = {k: calibrated(v) for k, v in null_scores.items()}
+    names = {"ours": "ours (suspect + confirm)", "single": "ours without confirmation",
+             "hud": f"PyTorch HUD ({HUD_REL:.0%} worse, {HUD_RUN} in a row)",
+             "sglang": f"SGLang CI ({SGL_REL:.0%} vs mean of {SGL_RUNS})",
+             "otava": f"apache-otava E-Divisive (p < {otava_p:g})",
+             "hud_cal": f"HUD rule at 1% false alarms ({cal['hud']:.1%} worse)",
+             "sglang_cal": f"SGLang rule at 1% false alarms ({cal['sglang']:.1%} worse)",
+             "oracle": f"oracle: z-test, sigma known, 1% ({z_crit:.2f}σ)",
+             "oracle_cal": f"oracle at exactly 1% false alarms (z > {cal['oracle']:.2f})"}
+
+    def flags(x: np.ndarray) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+        a, t, re = ours(x, window, rule, confirm=True)
+        hud, sgl, orc = hud_scores(x, window), sglang_scores(x, window), oracle_scores(x, window, s.sigma)
+        out = {"ours": (a, t), "single": ours(x, window, rule, confirm=False)[:2],
+               "hud": threshold_rule(hud, HUD_REL), "sglang": threshold_rule(sgl, SGL_REL),
+               "hud_cal": threshold_rule(hud, cal["hud"]), "sglang_cal": threshold_rule(sgl, cal["sglang"]),
+               "oracle": threshold_rule(orc, z_crit), "oracle_cal": threshold_rule(orc, cal["oracle"])}
+        if otava_trials:
+            out["otava"] = otava(x, window, otava_trials, otava_p)
+        return out, re
+
+    per_rule: dict[str, dict[str, dict[str, float]]] = {}
+    remeasured = {}
+    for step in [0.0, *steps]:
+        got, re = flags(with_step(s, step, window + 1) if step else s.rounds)
+        remeasured[f"step {step:g}"] = float(re[:, 1 if step == 0 else 0].mean())
+        for key, (a, t) in got.items():
+            per_rule.setdefault(key, {})[f"step {step:g}"] = rates(a, t)
+    rows = [{"series": s.name, "rule": names[k], "key": k, **v} for k, v in per_rule.items()]
+    rows.append({"series": s.name, "rule": "_remeasured", "key": "_remeasured", **remeasured})
+    return rows
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}"
+
+
+def table(rows: list[dict], steps: list[float]) -> str:
+    head = ("| series | rule | false alarm, any metric | false alarm, throughput | "
+            + " | ".join(f"{s:.0%} step: 1st night / ≤2 nights" for s in steps) + " |")
+    lines = [head, "|" + "---|" * (4 + len(steps))]
+    extra = []
+    for r in rows:
+        if r["rule"] == "_remeasured":
+            extra.append(f"- {r['series']}: a confirmation was measured on "
+                         + ", ".join(f"{_pct(v)}% of case-nights at a {float(k.split()[1]):.0%} step"
+                                     for k, v in r.items() if k.startswith("step")))
+            continue
+        z = r["step 0"]
+        cells = [f"{_pct(r[f'step {s:g}']['first'])} / {_pct(r[f'step {s:g}']['two'])}" for s in steps]
+        lines.append(f"| {r['series']} | {r['rule']} | {_pct(z['fa_any'])} | {_pct(z['fa_tput'])} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\nConfirmation cost (one confirmation = "\
+        f"{DEFAULT_RULE.confirm_rounds} rounds):\n" + "\n".join(extra)
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    doc = json.loads(Path(args.noise).read_text())
+    pool = np.array([[r[m] for m in MET] for r in doc["rounds"] if r["valid"]], dtype=float)
+    centre = np.median(pool, axis=0)
+    rng = np.random.default_rng(args.seed)
+    rule = replace(DEFAULT_RULE, **{k: v for k, v in (("k_suspect", args.k_suspect), ("k_confirm", args.k_confirm),
+                                                     ("confirm_rounds", args.confirm_rounds)) if v is not None})
+    window, steps = rule.window, [0.05, 0.10, 0.20]
+    nights, per_night = window + 3, NIGHT_ROUNDS + rule.confirm_rounds  # one spare night in front
+    series = [recorded_series(pool, args.trials, nights, per_night, rng)]
+    series += [synthetic_series(cv, centre, args.trials, nights, per_night, rng) for cv in (0.01, 0.02, 0.05)]
+    print(f"{len(pool)} valid recorded rounds of {doc['case']} ({doc['profile']}); round sd/median: "
+          + ", ".join(f"{m} {s:.1%}" for m, s in zip(MET, pool.std(axis=0) / centre)))
+    print(f"rule {rule}; {args.trials} trials per cell ({args.otava_trials} for otava); window {window} nights")
+    t0 = time.perf_counter()
+    rows = []
+    for s in series:
+        rows += evaluate_series(s, window, steps, rule, args.otava_trials, args.otava_p)
+        print(f"  {s.name}: done at {time.perf_counter() - t0:.0f} s", flush=True)
+    print()
+    print(table(rows, steps))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=float))
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 
 def record(args: argparse.Namespace) -> None:
+    from params import load_profile
+    from steps._bench import BenchRequest, parse_result, run_client
+    from steps._stats import round_validity
+
     profile = load_profile(args.profile)
     case = next(c for c in profile.bench.cases if c.name == args.case)
     n = case.num_prompts or profile.bench.prompts_per_concurrency * case.concurrency
@@ -60,62 +289,6 @@ def record(args: argparse.Namespace) -> None:
     print(f"wrote {len(rounds)} rounds to {out}")
 
 
-def _night(rng: random.Random, pool: list[dict], k: int, drop: float = 0.0, rise: float = 0.0) -> dict:
-    picks = rng.sample(pool, k)
-    night = {m: median(r[m] for r in picks) for m in METRICS}
-    for m in ("output_throughput", "request_throughput"):
-        night[m] *= 1 - drop
-    night["p99_ttft_ms"] *= 1 + rise
-    return night
-
-
-def rates(pool: list[dict], rule: Rule, trials: int, k: int, drop: float = 0.0, rise: float = 0.0,
-          target: str | None = None, seed: int = 0) -> float:
-    """Fraction of trials flagged: any metric regressed (target None) or the target metric."""
-    rng = random.Random(seed)
-    hits = 0
-    for _ in range(trials):
-        hist = [_night(rng, pool, k) for _ in range(rule.window)]
-        cur = _night(rng, pool, k, drop, rise)
-        labels = judge({("e", "c"): cur}, {("e", "c"): hist}, rule)
-        flagged = [lb.metric for lb in labels if lb.label == "regressed"]
-        hits += bool(flagged) if target is None else (target in flagged)
-    return hits / trials
-
-
-def evaluate(args: argparse.Namespace) -> None:
-    doc = json.loads(Path(args.noise).read_text())
-    pool = [r for r in doc["rounds"] if r["valid"]]
-    if args.shrink != 1.0:  # sensitivity: the same noise shape, `shrink` times its size
-        med = {m: median(r[m] for r in pool) for m in METRICS}
-        pool = [dict(r, **{m: med[m] + (r[m] - med[m]) * args.shrink for m in METRICS}) for r in pool]
-        print(f"(deviations from the pool median scaled by {args.shrink})")
-    tput = [r["output_throughput"] for r in pool]
-    ttft = [r["p99_ttft_ms"] for r in pool]
-    print(f"{len(pool)} valid real rounds of {doc['case']} ({doc['profile']}): output throughput median "
-          f"{median(tput):.2f} tok/s, range {min(tput):.2f}-{max(tput):.2f} "
-          f"({(max(tput) - min(tput)) / median(tput):.1%}); P99 TTFT median {median(ttft):.0f} ms, "
-          f"range {min(ttft):.0f}-{max(ttft):.0f}")
-    k = args.rounds_per_night
-    print(f"\nrule: median ± max(k·1.4826·MAD, floor·median), trials {args.trials}, {k} rounds a night")
-    print("| window (nights) | k | false alarm (no change, any metric) | 5% tput drop | 10% tput drop | "
-          "P99 TTFT +25% | P99 TTFT +50% |")
-    print("|---|---|---|---|---|---|---|")
-    t0 = time.perf_counter()
-    for window in (7, 14):
-        for kk in (3.0,):
-            rule = Rule(k=kk, window=window, min_history=window)
-            fa = rates(pool, rule, args.trials, k, seed=1)
-            d5 = rates(pool, rule, args.trials, k, drop=0.05, target="output_throughput", seed=2)
-            d10 = rates(pool, rule, args.trials, k, drop=0.10, target="output_throughput", seed=3)
-            r25 = rates(pool, rule, args.trials, k, rise=0.25, target="p99_ttft_ms", seed=4)
-            r50 = rates(pool, rule, args.trials, k, rise=0.50, target="p99_ttft_ms", seed=5)
-            fat = rates(pool, rule, args.trials, k, target="output_throughput", seed=1)
-            print(f"| {window} | {kk:g} | {fa:.1%} (throughput alone {fat:.1%}) | {d5:.1%} | {d10:.1%} | "
-                  f"{r25:.1%} | {r50:.1%} |")
-    print(f"\n({time.perf_counter() - t0:.1f} s)")
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -127,10 +300,15 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--out", default="benchmarks/data/noise-local-cpu.json")
     r.add_argument("--raw-dir", default="/tmp/gauntlet-noise")
     e = sub.add_parser("evaluate")
-    e.add_argument("noise")
+    e.add_argument("noise", help="recorded rounds (the record command's output)")
     e.add_argument("--trials", type=int, default=2000)
-    e.add_argument("--rounds-per-night", type=int, default=3)
-    e.add_argument("--shrink", type=float, default=1.0, help="scale the recorded noise (sensitivity only)")
+    e.add_argument("--otava-trials", type=int, default=200, help="E-Divisive is slow; 0 leaves it out")
+    e.add_argument("--otava-p", type=float, default=0.001, help="otava's max_pvalue (its default)")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--k-suspect", type=float, default=None)
+    e.add_argument("--k-confirm", type=float, default=None)
+    e.add_argument("--confirm-rounds", type=int, default=None)
+    e.add_argument("--json", default=None, help="also write the rows here")
     a = p.parse_args(argv)
     record(a) if a.cmd == "record" else evaluate(a)
 

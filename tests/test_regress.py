@@ -6,7 +6,7 @@ import random
 import pytest
 
 from params import load_profile
-from steps.regress import DEFAULT_RULE, Rule, judge, judge_metric, nightly_medians, run
+from steps.regress import DEFAULT_RULE, Rule, judge, judge_metric, judge_two_stage, nightly_medians, run
 from steps.results import append_rounds
 
 
@@ -106,3 +106,83 @@ def test_step_passes_with_insufficient_history(tmp_path):
     checks, metrics = run(_args(tmp_path, run_id), tmp_path / "out")
     assert metrics["outputs"]["regressed"] is False
     assert all(c.observed == "insufficient history" and c.status == "pass" for c in checks)
+
+
+# ---- confirm before alarm ----------------------------------------------------------
+
+def _noisy(n=14, sd=0.02, seed=5):
+    rng = random.Random(seed)
+    return [100.0 * (1 + rng.gauss(0, sd)) for _ in range(n)]
+
+
+def _band(hist, k):
+    from steps._stats import mad, median
+    return max(k * 1.4826 * mad(hist), 0.03 * median(hist))
+
+
+def test_suspicion_is_labelled_regressed_only_when_confirmed():
+    hist = _noisy()
+    rule = DEFAULT_RULE
+    from steps._stats import median
+    centre = median(hist)
+    night = centre - (_band(hist, rule.k_suspect) + _band(hist, rule.k)) / 2   # past suspect, inside the band
+    confirmed = judge_two_stage(night, hist, +1, 0.03, rule, confirm=night, confirm_rounds=6)
+    cleared = judge_two_stage(night, hist, +1, 0.03, rule, confirm=centre, confirm_rounds=6)
+    unchecked = judge_two_stage(night, hist, +1, 0.03, rule)
+    assert confirmed["label"] == "regressed" and confirmed["suspected"]
+    assert cleared["label"] == "unconfirmed" and cleared["confirm_value"] == centre
+    assert unchecked["label"] == "suspect"                      # no confirmation: the single-night band
+    assert judge_two_stage(centre - 2 * _band(hist, rule.k), hist, +1, 0.03, rule)["label"] == "regressed"
+
+
+def test_more_confirmation_rounds_tighten_the_confirmation_band():
+    hist = _noisy(sd=0.05)
+    a = judge_two_stage(80.0, hist, +1, 0.03, DEFAULT_RULE, confirm=80.0, confirm_rounds=3)
+    b = judge_two_stage(80.0, hist, +1, 0.03, DEFAULT_RULE, confirm=80.0, confirm_rounds=12)
+    assert a["confirm_threshold"] / b["confirm_threshold"] == pytest.approx(2.0)   # sigma / sqrt(rounds)
+    between = a["centre"] - (a["confirm_threshold"] + b["confirm_threshold"]) / 2
+    assert judge_two_stage(80.0, hist, +1, 0.03, DEFAULT_RULE, confirm=between, confirm_rounds=3)["label"] == \
+        "unconfirmed"
+    assert judge_two_stage(80.0, hist, +1, 0.03, DEFAULT_RULE, confirm=between, confirm_rounds=12)["label"] == \
+        "regressed"
+
+
+def test_a_quiet_night_is_never_suspected():
+    hist = _noisy()
+    j = judge_two_stage(hist[-1], hist, +1, 0.03, DEFAULT_RULE, confirm=10.0, confirm_rounds=6)
+    assert j["label"] == "ok" and not j["suspected"] and j["confirm_value"] is None
+
+
+def _confirm_rows(run_id, factor, n=6):
+    return [dict(run_id=run_id, profile="local-cpu", engine="vllm", date="2026-11-30", timestamp="2026-11-30T03:00:00",
+                 client="vllm-bench-serve", args_hash="h", experiment="baseline", phase="confirm", case="c2-128-32",
+                 round=i + 1, valid=True, output_throughput=50.0 * factor, request_throughput=50.0 * factor / 32,
+                 p99_ttft_ms=300.0, p99_tpot_ms=40.0, p99_e2el_ms=1500.0) for i in range(n)]
+
+
+def _stage_args(tmp_path, run_id, stage):
+    a = _args(tmp_path, run_id)
+    a.stage, a.engine = stage, "vllm" if stage == "suspect" else None
+    return a
+
+
+def test_suspect_stage_names_the_case_and_never_fails(tmp_path):
+    run_id = _store(tmp_path, 8, drop=0.90)
+    checks, metrics = run(_stage_args(tmp_path, run_id, "suspect"), tmp_path / "suspect")
+    assert metrics["outputs"]["suspect"] is True and metrics["outputs"]["suspect_cases"] == "c2-128-32"
+    assert all(c.status == "pass" for c in checks)
+    quiet = _store(tmp_path / "q", 8)
+    _, m2 = run(_stage_args(tmp_path / "q", quiet, "suspect"), tmp_path / "q-suspect")
+    assert m2["outputs"] == {"regressed": False, "suspect": False, "suspect_cases": ""}
+
+
+@pytest.mark.parametrize("factor,label", [(0.90, "regressed"), (1.0, "unconfirmed")])
+def test_final_stage_judges_the_confirmation_rounds(tmp_path, factor, label):
+    run_id = _store(tmp_path, 8, drop=0.90)
+    append_rounds(_confirm_rows(run_id, factor), tmp_path / "store")
+    checks, metrics = run(_stage_args(tmp_path, run_id, "final"), tmp_path / "out")
+    lb = next(x for x in metrics["labels"] if x["metric"] == "output_throughput")
+    assert lb["label"] == label and lb["suspected"] and lb["confirm_rounds"] == 6
+    assert metrics["outputs"]["regressed"] is (label == "regressed")
+    assert len(metrics["rounds"]["confirm"]["vllm/c2-128-32"]) == 6
+    assert len(metrics["rounds"]["measure"]["vllm/c2-128-32"]) == 3
