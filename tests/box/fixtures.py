@@ -1,0 +1,65 @@
+"""pytest fixtures for the box (registered in tests/conftest.py through ``pytest_plugins``).
+
+``control_plane``: one box per test session (built first if a pin changed). ``box_session``: the
+box prepared for the kimi-k3-h20 template, with the process kubelet running the profile's two
+nodes and another team's node. If the box cannot be built or started, every test that uses it
+fails with the reason: never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from box.build import BuildError, ensure_built
+from box.controlplane import BoxError, ControlPlane
+
+__all__ = ["control_plane", "box_session"]
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    try:
+        binaries = ensure_built(verbose=True)
+    except BuildError as exc:
+        pytest.fail(f"the box could not be built: {exc}", pytrace=False)
+    workdir = tmp_path_factory.mktemp("box")
+    cp = ControlPlane(workdir=workdir, binaries=binaries)
+    try:
+        cp.start()
+    except BoxError as exc:
+        pytest.fail(f"the box did not start: {exc}", pytrace=False)
+    yield cp
+    cp.stop()
+
+
+@pytest.fixture(scope="session")
+def box_session(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory):
+    from box.kubelet import ProcessKubelet, default_images
+    from box.scenarios import OTHER_NODE, PROFILE, BoxSession
+    from params import load_profile
+
+    profile = load_profile(PROFILE)
+    nodes = [n.name for n in profile.hardware.nodes]
+    work = tmp_path_factory.mktemp("kubelet")
+    roots = {n: work / "nodes" / n for n in nodes}
+    kubelet = ProcessKubelet(control_plane.api_client(), [*nodes, OTHER_NODE], workdir=work,
+                             images=default_images(control_plane.bin_dir, control_plane.executor_image),
+                             gpus_per_node=profile.hardware.gpus_per_node, host_roots=roots)
+    kubelet.start()
+    session = BoxSession(control_plane, kubelet, roots, work)
+    try:
+        session.prepare()
+        yield session
+    finally:
+        session.close()
+        kubelet.stop()
+        if os.environ.get("GAUNTLET_BOX_KEEP"):
+            print(f"box kept: {control_plane.workdir} {work}")
+
+
+def pvc_dir(session, claim: str) -> Path:
+    return Path(session.kubelet._claim_dir(session.ns, claim))

@@ -1,0 +1,410 @@
+"""Conformance scenarios: the rendered kimi-k3-h20 template on the box, and the local runner beside it.
+
+A :class:`Scenario` says what the GPU gates do (stand-ins, attempt by attempt), which workflow
+parameters are set, and what is done to the run (a corrupted model cache, ``argo stop``).
+:func:`run_on_box` submits the template with the real ``argo`` CLI, waits, and reads back an
+:class:`Outcome` from the Workflow's status (every task's phase and attempts, the exit handler's
+arguments) and from the API server (every pod ever created, what still carries the run's label).
+:func:`run_locally` walks the same graph with the local runner, replaying each step's attempts as
+the box saw them, and returns an Outcome of the same shape, so the two can be compared.
+
+Which gates run for real on the box: preflight (a 96-shard sparse Kimi K3 layout on each node's
+cache behind the hostPath), preflight-compare, deploy and teardown (server-side apply of the engine
+StatefulSet and Services under the rendered Role's own service-account token; the engine ranks are
+played by the kubelet's stand-in engine), regress, report and cleanup. The rest need GPUs and are
+played by ``box/standin.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from params import load_profile, profile_path
+from workflows.graph import build_graph
+from workflows.render import RUN_LABEL, cron_name, render_documents, template_name
+
+__all__ = ["Scenario", "Outcome", "SCENARIOS", "PROFILE", "GPU_STANDINS", "BoxSession", "run_on_box",
+           "run_locally", "replay_table", "OTHER_TEAM"]
+
+PROFILE = "kimi-k3-h20"
+REPO = Path(__file__).resolve().parents[2]
+DONE = ("Succeeded", "Failed", "Error")
+OTHER_TEAM = {"team": "other-team"}            # labels of the objects gauntlet must never touch
+OTHER_NODE = "team-b-node"
+
+PASS: dict[str, Any] = {"exit": 0}
+# The gates that need GPUs (or the engine image) and are played on the box.
+GPU_STANDINS: dict[str, list[dict[str, Any]]] = {
+    "engine-check": [PASS], "nodes": [PASS], "network": [PASS], "smoke": [PASS],
+    "perf": [{"exit": 0, "outputs": {"unlock_C32": "false"}}],
+    "longctx": [{"exit": 0, "outputs": {"unlock_all_lower": "false"}}],
+    "experiment": [PASS],
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    plays: dict[str, list[dict[str, Any]]] = field(default_factory=dict)   # step or task path -> attempts
+    parameters: dict[str, str] = field(default_factory=dict)
+    corrupt_node: str | None = None           # truncate one shard of this node's model cache
+    nightly: bool = False                     # submit from the CronWorkflow instead of the template
+    stop_after: str | None = None             # `argo stop` once this task path is Running
+    expect_phase: str = "Succeeded"
+    expect: dict[str, str] = field(default_factory=dict)     # task path -> phase (both back ends)
+
+    def standins(self) -> dict[str, list[dict[str, Any]]]:
+        return {**GPU_STANDINS, **self.plays}
+
+
+FAIL: dict[str, Any] = {"exit": 1}
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("all-pass", expect={"preflight-0": "Succeeded", "preflight-1": "Succeeded",
+                                 "preflight-compare": "Succeeded", "sglang/deploy": "Succeeded",
+                                 "sglang/teardown": "Succeeded", "regress": "Succeeded", "report": "Succeeded",
+                                 "prewarm-0": "Skipped", "vllm": "Skipped", "cleanup": "Succeeded"}),
+    Scenario("gate0-corrupt-model", corrupt_node="h20-node-02", expect_phase="Failed",
+             expect={"preflight-0": "Succeeded", "preflight-1": "Failed", "preflight-compare": "Omitted",
+                     "engine-check-sglang": "Omitted", "nodes-0": "Omitted", "sglang": "Omitted",
+                     "cleanup": "Succeeded"}),
+    Scenario("transient-early-then-pass", plays={"sglang/smoke": [{"exit": 75}, PASS]},
+             expect={"sglang/smoke": "Succeeded", "cleanup": "Succeeded"}),
+    Scenario("transient-late-then-pass", plays={"sglang/smoke": [{"exit": 75, "after_s": 15}, PASS]},
+             expect={"sglang/smoke": "Succeeded", "cleanup": "Succeeded"}),
+    Scenario("failed-verdict-not-retried", plays={"sglang/smoke": [FAIL, PASS]}, expect_phase="Failed",
+             expect={"sglang/deploy": "Succeeded", "sglang/smoke": "Failed", "sglang/perf": "Omitted",
+                     "sglang/teardown": "Omitted", "sglang": "Failed", "cleanup": "Succeeded"}),
+    Scenario("nightly-regression", nightly=True, plays={"regress": [FAIL]}, expect_phase="Failed",
+             expect={"regress": "Failed", "report": "Succeeded", "cleanup": "Succeeded"}),
+    Scenario("stop-mid-run", plays={"sglang/perf": [{"exit": 0, "after_s": 120}]}, stop_after="sglang/perf",
+             expect_phase="Failed", expect={"sglang/deploy": "Succeeded", "cleanup": "Succeeded"}),
+)
+
+
+@dataclass
+class Outcome:
+    phase: str
+    tasks: dict[str, str]                          # task path -> phase
+    attempts: dict[str, list[int | None]]          # task path -> exit code of each attempt
+    outputs: dict[str, dict[str, str]]             # task path -> output parameters
+    exit_status: str | None = None                 # --workflow-status the exit handler got
+    exit_failures: str | None = None               # --failures, raw, as the exit handler got it
+    gpu_pods: list[str] = field(default_factory=list)        # every pod ever created that requested GPUs
+    labelled_left: dict[str, int] = field(default_factory=dict)  # object -> replicas/1 still held by the run
+    run_dir: Path | None = None
+    name: str = ""
+    uid: str = ""
+
+    def failure_names(self) -> set[str]:
+        """The displayNames in the exit handler's --failures, the workflow's own name as <workflow>."""
+        return failure_names(self.exit_failures, self.name)
+
+
+def failure_names(raw: str | None, workflow: str) -> set[str]:
+    if raw is None:
+        return set()
+    text = json.loads(raw) if raw.startswith('"') else raw
+    nodes = json.loads(text) if text else None
+    return {("<workflow>" if n["displayName"] == workflow else n["displayName"]) for n in nodes or []}
+
+
+# ------------------------------------------------------------------ the box side
+
+class BoxSession:
+    """The box prepared for the kimi-k3-h20 template: namespace, RBAC, template, cron, model caches."""
+
+    def __init__(self, box: Any, kubelet: Any, node_roots: dict[str, Path], pvc_root: Path):
+        self.box, self.kubelet, self.node_roots, self.pvc_root = box, kubelet, node_roots, pvc_root
+        self.profile = load_profile(PROFILE)
+        self.ns = self.profile.namespace
+        self.docs = render_documents(self.profile)
+        self.pods_seen: dict[str, dict[str, Any]] = {}
+        self._watch = threading.Thread(target=self._watch_pods, daemon=True)
+        self._stop = threading.Event()
+
+    # set-up -------------------------------------------------------
+    def prepare(self) -> None:
+        from steps.synth import synth_from_profile
+        from steps._marker import write_marker
+
+        box = self.box
+        box.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.ns}})
+        # the runs volume every step mounts at /runs (the kubelet gives an unbound claim a directory)
+        box.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                   "metadata": {"name": self.profile.runs_pvc, "namespace": self.ns},
+                   "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+        for name, doc in self.docs.items():
+            for d in doc if isinstance(doc, list) else [doc]:
+                box.apply(d)
+        for node, root in self.node_roots.items():
+            cache = root / self.profile.model.host_cache_path.lstrip("/")
+            if not (cache / self.profile.model.marker).is_file():
+                synth_from_profile(self.profile, cache, sparse=True)
+                write_marker(cache, self.profile.model.revision, self.profile.model.marker)
+        self.apply_other_team()
+        self._watch.start()
+
+    def model_cache(self, node: str) -> Path:
+        return self.node_roots[node] / self.profile.model.host_cache_path.lstrip("/")
+
+    def apply_other_team(self) -> None:
+        """Another team's StatefulSet with a GPU pod in the same namespace: gauntlet must never touch it."""
+        labels = {**OTHER_TEAM, "app": "team-b-serving"}
+        self.box.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                        "metadata": {"name": "team-b-serving", "namespace": self.ns, "labels": labels},
+                        "spec": {"replicas": 1, "serviceName": "team-b-serving",
+                                 "selector": {"matchLabels": labels},
+                                 "template": {"metadata": {"labels": labels}, "spec": {
+                                     "nodeSelector": {"kubernetes.io/hostname": OTHER_NODE},
+                                     "containers": [{"name": "serve", "image": "team-b/serving:1",
+                                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+
+    def other_team_state(self) -> dict[str, Any]:
+        _, sts = self.box.request("GET", f"/apis/apps/v1/namespaces/{self.ns}/statefulsets/team-b-serving")
+        _, pods = self.box.request("GET", f"/api/v1/namespaces/{self.ns}/pods?labelSelector=team%3Dother-team")
+        return {"replicas": (sts.get("spec") or {}).get("replicas"),
+                "pods": sorted(p["metadata"]["name"] for p in pods.get("items", [])
+                               if not p["metadata"].get("deletionTimestamp"))}
+
+    def _watch_pods(self) -> None:
+        """Every pod ever created in the namespace (a pod may be garbage-collected before we look)."""
+        rv = ""
+        while not self._stop.is_set():
+            try:
+                status, lst = self.box.request("GET", f"/api/v1/namespaces/{self.ns}/pods")
+                if status == 200:
+                    for p in lst.get("items", []):
+                        self.pods_seen.setdefault(p["metadata"]["uid"], p)
+                    rv = lst["metadata"]["resourceVersion"]
+                _, ev = self.box.request(
+                    "GET", f"/api/v1/namespaces/{self.ns}/pods?watch=1&timeoutSeconds=5&resourceVersion={rv}")
+                # a watch body is newline-delimited JSON events; request() hands back the text
+                for line in (ev if isinstance(ev, str) else json.dumps(ev)).splitlines():
+                    try:
+                        obj = json.loads(line).get("object") or {}
+                    except ValueError:
+                        continue
+                    if obj.get("metadata", {}).get("uid"):
+                        self.pods_seen.setdefault(obj["metadata"]["uid"], obj)
+            except Exception:   # noqa: BLE001 - the watcher must outlive a restarting API server
+                time.sleep(0.5)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # one scenario -------------------------------------------------
+    def submit(self, sc: Scenario, timeout_s: float = 170) -> Outcome:
+        self.kubelet.set_standins(sc.standins())
+        params = {"engines": "sglang", "results-uri": "/runs/results", "retry-backoff": "1s", **sc.parameters}
+        if sc.corrupt_node:
+            shard = sorted(self.model_cache(sc.corrupt_node).glob("*.safetensors"))[3]
+            size = shard.stat().st_size
+            with shard.open("r+b") as fh:
+                fh.truncate(size - 1)
+        try:
+            src = f"cronwf/{cron_name(self.profile)}" if sc.nightly else f"workflowtemplate/{template_name(self.profile)}"
+            argv = ["submit", "-n", self.ns, "--from", src, "-o", "name"]
+            for k, v in params.items():
+                argv += ["-p", f"{k}={v}"]
+            r = self.box.argo(*argv)
+            if r.returncode:
+                raise AssertionError(f"argo submit failed: {r.stderr.strip() or r.stdout.strip()}")
+            name = r.stdout.strip().split("/")[-1]
+            seen_before = set(self.pods_seen)
+            wf = self._wait(name, sc, timeout_s)
+        finally:
+            if sc.corrupt_node:
+                with shard.open("r+b") as fh:
+                    fh.truncate(size)
+        out = outcome_from_workflow(wf, list(self.pods_seen.values()))
+        out.gpu_pods = sorted(p["metadata"]["name"] for uid, p in self.pods_seen.items()
+                              if uid not in seen_before and (p["metadata"].get("labels") or {}).get(RUN_LABEL)
+                              == wf["metadata"]["uid"] and requests_gpu(p))
+        out.labelled_left = self.held(wf["metadata"]["uid"])
+        out.run_dir = self.pvc_root / "pvc" / self.ns / self.profile.runs_pvc / wf["metadata"]["uid"]
+        return out
+
+    def _wait(self, name: str, sc: Scenario, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        stopped = False
+        while time.monotonic() < deadline:
+            _, wf = self.box.request("GET", f"/apis/argoproj.io/v1alpha1/namespaces/{self.ns}/workflows/{name}")
+            st = wf.get("status") or {}
+            if sc.stop_after and not stopped and running(st, sc.stop_after):
+                r = self.box.argo("stop", "-n", self.ns, name)
+                assert r.returncode == 0, f"argo stop: {r.stderr}"
+                stopped = True
+            if st.get("phase") in DONE and st.get("finishedAt"):
+                return wf
+            time.sleep(1)
+        raise AssertionError(f"workflow {name} not finished after {timeout_s:.0f}s: phase "
+                             f"{(wf.get('status') or {}).get('phase')}, nodes "
+                             f"{ {n['displayName']: n['phase'] for n in (wf.get('status') or {}).get('nodes', {}).values()} }")
+
+    def held(self, uid: str) -> dict[str, int]:
+        """What still carries the run's label and holds something: StatefulSet replicas, live pods, Jobs."""
+        sel = f"labelSelector={RUN_LABEL}%3D{uid}"
+        held: dict[str, int] = {}
+        _, sts = self.box.request("GET", f"/apis/apps/v1/namespaces/{self.ns}/statefulsets?{sel}")
+        for s in sts.get("items", []):
+            held[f"StatefulSet/{s['metadata']['name']}"] = int(s["spec"].get("replicas") or 0)
+        _, jobs = self.box.request("GET", f"/apis/batch/v1/namespaces/{self.ns}/jobs?{sel}")
+        for j in jobs.get("items", []):
+            held[f"Job/{j['metadata']['name']}"] = 1
+        _, pods = self.box.request("GET", f"/api/v1/namespaces/{self.ns}/pods?{sel}")
+        for p in pods.get("items", []):
+            if requests_gpu(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                held[f"Pod/{p['metadata']['name']}"] = 1
+        return {k: v for k, v in held.items() if v}
+
+
+def requests_gpu(pod: dict[str, Any]) -> bool:
+    for c in (pod.get("spec") or {}).get("containers", []) + (pod.get("spec") or {}).get("initContainers", []):
+        res = c.get("resources") or {}
+        if any("nvidia.com/gpu" in (res.get(k) or {}) for k in ("requests", "limits")):
+            return True
+    return False
+
+
+def running(status: dict[str, Any], path: str) -> bool:
+    return any(p == path and ph == "Running" for p, ph in task_phases(status).items())
+
+
+def _paths(status: dict[str, Any]) -> dict[str, str]:
+    """node id -> task path (engine sequences prefix their tasks: ``sglang/deploy``)."""
+    nodes = status.get("nodes") or {}
+    root = next((i for i, n in nodes.items() if n.get("boundaryID") in (None, "") and n.get("type") == "DAG"), None)
+    paths = {}
+    for i, n in nodes.items():
+        b = n.get("boundaryID")
+        if i == root:
+            continue
+        prefix = "" if b in (None, "", root) else nodes.get(b, {}).get("displayName", "?") + "/"
+        paths[i] = prefix + n["displayName"]
+    return paths
+
+
+_ATTEMPT = re.compile(r"^(.*)\((\d+)\)$")
+
+
+def task_phases(status: dict[str, Any]) -> dict[str, str]:
+    nodes = status.get("nodes") or {}
+    out = {}
+    for i, path in _paths(status).items():
+        if _ATTEMPT.match(path) and nodes[i].get("type") == "Pod":
+            continue
+        if path.endswith(".onExit"):
+            path = "cleanup"
+        out[path] = nodes[i]["phase"]
+    return out
+
+
+def outcome_from_workflow(wf: dict[str, Any], pods: list[dict[str, Any]]) -> Outcome:
+    st = wf.get("status") or {}
+    nodes = st.get("nodes") or {}
+    paths = _paths(st)
+    attempts: dict[str, list[int | None]] = {}
+    outputs: dict[str, dict[str, str]] = {}
+    for i, path in sorted(paths.items(), key=lambda kv: kv[1]):
+        n = nodes[i]
+        if n.get("type") != "Pod":
+            continue
+        m = _ATTEMPT.match(path)
+        task = m.group(1) if m else path
+        task = "cleanup" if task.endswith(".onExit") else task
+        code = (n.get("outputs") or {}).get("exitCode")
+        attempts.setdefault(task, []).append(int(code) if code not in (None, "") else None)
+        params = {p["name"]: p.get("value", "") for p in (n.get("outputs") or {}).get("parameters", [])}
+        if params:
+            outputs[task] = params
+    exit_args = exit_handler_argv(pods, wf["metadata"]["name"])
+    status_arg = _opt(exit_args, "--workflow-status")
+    failures_arg = _opt(exit_args, "--failures")
+    return Outcome(st.get("phase", "?"), task_phases(st), attempts, outputs, status_arg, failures_arg,
+                   name=wf["metadata"]["name"], uid=wf["metadata"]["uid"])
+
+
+def exit_handler_argv(pods: list[dict[str, Any]], workflow: str) -> list[str]:
+    """The exit handler's argv as its pod ran it (Argo substituted it into the container's args)."""
+    for p in pods:
+        meta = p["metadata"]
+        if (meta.get("labels") or {}).get("workflows.argoproj.io/workflow") != workflow:
+            continue
+        if not (meta.get("annotations") or {}).get("workflows.argoproj.io/node-name", "").endswith(".onExit"):
+            continue
+        main = next(c for c in p["spec"]["containers"] if c["name"] == "main")
+        argv = list(main.get("command") or []) + list(main.get("args") or [])
+        return argv[argv.index("--") + 1:] if "--" in argv else argv
+    return []
+
+
+def _opt(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
+
+
+# ------------------------------------------------------------------ the local side
+
+def replay_table(box: Outcome) -> dict[str, list[dict[str, Any]]]:
+    """{task path: [behaviour per attempt]}: what each step did on the box, for the local runner."""
+    table: dict[str, list[dict[str, Any]]] = {}
+    for path, codes in box.attempts.items():
+        if path == "cleanup":
+            continue
+        plays = []
+        for code in codes:
+            plays.append({"exit": 1 if code is None else code, "outputs": box.outputs.get(path, {})})
+        table[path] = plays
+    return table
+
+
+def run_locally(sc: Scenario, box: Outcome, workdir: Path) -> Outcome:
+    """The local runner on the same graph, each step replaying its box attempts; cleanup plays too."""
+    from workflows.local import Runner
+
+    profile = load_profile(PROFILE)
+    graph = build_graph(profile)
+    run_dir = workdir / f"local-{sc.name}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    table = replay_table(box)
+    table["cleanup"] = [{"exit": 0}]
+    tf = workdir / f"standins-{sc.name}.json"
+    shutil.rmtree(str(tf) + ".attempts", ignore_errors=True)
+    tf.write_text(json.dumps(table))
+    params = {k: v[0] for k, v in graph.parameters.items()}
+    params.update({"engines": "sglang", "results-uri": "/runs/results", "retry-backoff": "1s", **sc.parameters,
+                   "run-dir": str(run_dir)})
+    env = {"GAUNTLET_STANDINS": str(tf), "GAUNTLET_RUN_DIR": str(run_dir),
+           "PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
+    import io
+    runner = Runner(graph, profile_path(PROFILE), run_dir, params, python=sys.executable, cli="box.scenario_cli",
+                    stream=io.StringIO(), cwd=REPO, env=env, run_cluster_only=True)
+    status = runner.run()
+    tasks = {r.path: r.phase for r in runner.results}
+    attempts = {r.path: list(r.attempts) for r in runner.results if r.step}
+    argv = json.loads((run_dir / "cleanup" / "argv.0.json").read_text())
+    return Outcome(status, tasks, attempts, {}, _opt(argv, "--workflow-status"), _opt(argv, "--failures"),
+                   run_dir=run_dir, name=runner._workflow_vars()["name"])
+
+
+def wait_for(pred: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def kill_tree(p: subprocess.Popen) -> None:
+    p.kill()
+    p.wait()
