@@ -336,3 +336,40 @@ def test_task_path_nests_like_the_ui_and_drops_the_attempt():
     table = {"sglang/smoke": [{"exit": 75}], "smoke": [{"exit": 0}]}
     assert P.standin_behaviours(table, argo_pod("smoke", "g-abc.sglang.smoke(0)")) == ("smoke", [{"exit": 75}])
     assert P.standin_behaviours(table, argo_pod("smoke", "g-abc.vllm.smoke(0)")) == ("smoke", [{"exit": 0}])
+
+
+def test_kubelet_endpoint_serves_logs_and_runs_exec_over_tls(tmp_path):
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from box.kubeletserver import KubeletServer, serving_cert
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+                    "ca.crt", "-days", "1", "-subj", "/CN=test-ca"], cwd=tmp_path, check=True, capture_output=True)
+    cert, key = serving_cert(tmp_path / "ca.crt", tmp_path / "ca.key", tmp_path / "kubelet")
+    ran = []
+    logs = {("ns", "p", "main", False): "one\ntwo\nthree\n", ("ns", "p", "main", True): "before\n"}
+    server = KubeletServer(cert, key, logs=lambda *a: logs.get(a),
+                           exec_=lambda ns, pod, c, argv: ran.append((ns, pod, c, argv)) or 0).start()
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+
+    def get(path: str, method: str = "GET") -> tuple[int, str]:
+        req = urllib.request.Request(f"https://127.0.0.1:{server.port}{path}", method=method)
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    try:
+        assert get("/containerLogs/ns/p/main") == (200, "one\ntwo\nthree\n")
+        assert get("/containerLogs/ns/p/main?tailLines=1") == (200, "three\n")
+        assert get("/containerLogs/ns/p/main?previous=true") == (200, "before\n")
+        assert get("/containerLogs/ns/gone/main")[0] == 404
+        code, text = get("/exec/ns/p/main?command=%2Fvar%2Frun%2Fargo%2Fargoexec&command=kill&command=15&command=1"
+                         "&output=1&error=1", "POST")
+        assert code == 400 and "exit 0" in text
+        assert ran == [("ns", "p", "main", ["/var/run/argo/argoexec", "kill", "15", "1"])]
+    finally:
+        server.stop()

@@ -38,11 +38,15 @@ What a real kubelet does that this one does not:
 - probes: none run; a running container is ready;
 - volume errors (a missing hostPath Directory, a missing ConfigMap) keep the pod Pending
   and are retried, with an event, as a real kubelet's FailedMount;
-- the kubelet API: there is no kubelet server, so ``pods/log``, ``pods/exec`` and
-  ``pods/attach`` through the API server fail; read logs with :meth:`ProcessKubelet.logs`.
-  Argo's controller signals running pods on ``argo stop``/``terminate`` through
-  ``pods/exec`` (``argoexec kill``): that fails here, the controller still marks the node
-  Failed, and the pod's processes run to their end (or until the pod is deleted).
+- the kubelet API: with ``tls`` (:mod:`box.kubeletserver`) it serves ``pods/log`` and a
+  stream-less ``pods/exec`` (the command runs in the container's namespaces, the caller gets
+  an error and no output) through the API server, which then needs
+  ``--kubelet-certificate-authority``; attach, port-forward and exec's streams do not exist.
+  Without ``tls`` there is no kubelet endpoint at all and ``pods/log``/``pods/exec`` fail;
+  :meth:`ProcessKubelet.logs` works either way. Argo's controller signals running pods on
+  ``argo stop``/``terminate`` through ``pods/exec`` (``argoexec kill 15 1``, errors
+  ignored): with ``tls`` the step really gets SIGTERM; without, the controller still marks
+  the node Failed and the pod's processes run to their end (or until the pod is deleted).
 """
 
 from __future__ import annotations
@@ -330,6 +334,7 @@ class ProcessKubelet:
         self._threads: list[threading.Thread] = []
         self.log = logging.getLogger(f"box.kubelet.{id(self):x}")
         self.tls, self.server = tls, None
+        self.registered_at = now()
         self.host_roots = {n: Path(r) for n, r in (host_roots or {}).items()}
 
     def set_standins(self, standins: Mapping[str, Sequence[dict[str, Any]]]) -> None:
@@ -385,8 +390,8 @@ class ProcessKubelet:
         self.log.info("stopped")
 
     def logs(self, namespace: str, pod: str, container: str, previous: bool = False) -> str:
-        """A container's stdout+stderr (the previous instance's with previous=True), '' when none. The box has
-        no kubelet server, so ``pods/log`` through the API server cannot work: this is ``kubectl logs`` here."""
+        """A container's stdout+stderr (the previous instance's with previous=True), '' when none: ``kubectl logs``
+        without the API server (``pods/log`` through it needs the ``tls`` kubelet endpoint)."""
         d = self._log_path(namespace, pod, container, 0).parent
         runs = sorted(d.glob(f"{container}.*.log"), key=lambda f: int(f.name.rsplit(".", 2)[-2]))
         pick = runs[-2:-1] if previous else runs[-1:]
@@ -424,14 +429,14 @@ class ProcessKubelet:
 
     # ---- nodes ----
     def _node_status(self) -> dict[str, Any]:
-        t = now()
+        t, since = now(), self.registered_at
         cap = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.max_pods), GPU: str(self.gpus)}
         conds = [{"type": kind, "status": "False", "reason": f"KubeletHas{ok}", "lastHeartbeatTime": t,
-                  "lastTransitionTime": t} for kind, ok in (("MemoryPressure", "SufficientMemory"),
+                  "lastTransitionTime": since} for kind, ok in (("MemoryPressure", "SufficientMemory"),
                                                              ("DiskPressure", "NoDiskPressure"),
                                                              ("PIDPressure", "SufficientPID"))]
         conds.append({"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": t,
-                      "lastTransitionTime": t, "message": "the box's process kubelet is posting ready status"})
+                      "lastTransitionTime": since, "message": "the box's process kubelet is posting ready status"})
         return {"capacity": cap, "allocatable": cap, "conditions": conds,
                 "addresses": [{"type": "InternalIP", "address": LOOPBACK}],
                 "daemonEndpoints": {"kubeletEndpoint": {"Port": self.server.port if self.server else 0}},
@@ -782,6 +787,8 @@ class ProcessKubelet:
             raise ConfigError(f"container {c.name}: no command and the image table gives no entrypoint")
         mounts = mount_plan(spec, run.volumes, self._extra_mounts(run, spec, image, c))
         for i, m in enumerate(mounts):
+            if not os.path.exists(m.source):      # a subPath the kubelet creates on first use
+                os.makedirs(m.source)
             self._ensure_mountpoint(m.source, mountpoint_on_host(mounts, i))
         return {"argv": argv, "env": env, "cwd": spec.get("workingDir") or image.workdir,
                 "mounts": [[m.source, m.target, m.read_only] for m in mounts]}
