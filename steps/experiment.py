@@ -3,20 +3,26 @@
 The step validates the variant (the deployed EngineArgs differ from the
 baseline's in exactly one variable), deploys it through the same deploy back
 end as Gate 2 (local subprocess or Kubernetes), re-runs the Gate 4 cases this
-run's ``perf`` measured, and always tears it down. The baseline numbers are
-that perf evidence (``<out>/../perf/verdict.json`` and ``perf-<case>``).
+run's ``perf`` measured, and always tears it down.
 
-- Prefix cache variants are measured twice, reported separately: *cold* (every
-  round a request set the engine has never seen; this phase is compared with
-  the baseline) and *reusable prefix* (each prompt starts with the same
-  ``Variant.prefix_len`` tokens, several KV blocks, before the case's input;
-  reported with the engine's prefix-cache hit rate).
-- Speculative decoding records draft tokens, acceptance length and rate (the
-  bench client's JSON) and memory.
-- Verdict: "keep baseline" unless, in every compared case, the variant's
-  throughput is better beyond noise (its worst round beats the baseline's best)
-  and no P99 latency (TTFT, E2E) is worse beyond noise (the variant's median
-  above the baseline's worst round), each by more than ``NOISE_FLOOR``.
+Like for like: every phase the variant runs, the baseline runs too, on the
+same cases and the same requests, and each phase is compared on its own.
+
+- ``measure`` (every variant without phases, e.g. speculative decoding): the
+  baseline is this run's perf evidence (``<out>/../perf``, ``perf-<case>``),
+  same seeds; the variant's acceptance length, draft tokens and memory sit
+  beside the baseline's memory on the same cases.
+- Prefix cache: *cold* (every round a request set the engine has never seen:
+  no gain expected) and *reusable prefix* (each prompt starts with the same
+  ``Variant.prefix_len`` tokens: the gain). The baseline engine, still up
+  (``--baseline-endpoint``), runs both phases before the variant is deployed.
+
+Verdict per phase: "better" when the variant's throughput is better beyond
+noise (its worst round beats the baseline's best) with no P99 (TTFT, E2E)
+worse beyond noise (the variant's median above the baseline's worst round),
+each by more than ``NOISE_FLOOR``. The experiment's decision is the verdict of
+the phase the change is for (reusable prefix, else measure), vetoed by any
+phase whose throughput or P99 is worse beyond noise.
 """
 
 from __future__ import annotations
@@ -36,10 +42,16 @@ NAME = "experiment"
 HELP = "Gate 6: deploy one variant (baseline + one change), re-run the Gate 4 cases, compare, tear down"
 NEEDS_PROFILE = True
 
-__all__ = ["args_diff", "one_change_problems", "compare", "verdict", "baseline_cases", "run", "NOISE_FLOOR"]
+__all__ = ["args_diff", "one_change_problems", "compare", "verdict", "baseline_cases", "run", "NOISE_FLOOR",
+           "phase_plan", "phase_verdicts", "decision", "EXPECTATION"]
 
 NOISE_FLOOR = 0.02
 P99_METRICS = ("p99_ttft_ms", "p99_e2el_ms")
+COLD_SEED_STRIDE = 7919
+# what each phase is expected to show; the report prints it beside the phase's verdict
+EXPECTATION = {"cold": "no gain expected: every request is new to the cache",
+               "reusable_prefix": "the gain: every prompt starts with the same prefix",
+               "measure": "the gain of the one change"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("local", "kubernetes"), default=None, help="deploy back end (default: profile)")
     p.add_argument("--run-id", default=None)
     p.add_argument("--baseline-dir", default=None, help="the perf evidence dir (default: <out>/../perf)")
+    p.add_argument("--baseline-endpoint", default=None,
+                   help="the baseline engine, still up: it runs every phase the variant runs that perf did not")
     bench_options(p)
 
 
@@ -98,6 +112,8 @@ def compare(base: dict[str, dict[str, Any]], var: dict[str, dict[str, Any]]) -> 
         bmax, vmin = t["baseline_range"][1], t["variant_range"][0]
         row["throughput_better"] = (bmax is not None and vmin is not None and vmin > bmax * (1 + NOISE_FLOOR)
                                     and t["change_rel"] is not None)
+        bmin, vmax = t["baseline_range"][0], t["variant_range"][1]
+        row["throughput_worse"] = (bmin is not None and vmax is not None and vmax < bmin * (1 - NOISE_FLOOR))
         row["p99_worse"] = [m for m in P99_METRICS if row[m]["variant"] is not None
                             and row[m]["baseline_range"][1] is not None
                             and row[m]["variant"] > row[m]["baseline_range"][1] * (1 + NOISE_FLOOR)]
@@ -117,6 +133,51 @@ def verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
         return "keep baseline", "throughput not better beyond noise in " + ", ".join(slower)
     gains = ", ".join(f"{r['case']} {r['output_throughput']['change_rel']:+.1%}" for r in rows)
     return "adopt variant", f"throughput better beyond noise ({gains}) with no worse P99"
+
+
+def phase_plan(variant: Variant, profile: Profile) -> dict[str, dict[str, Any]]:
+    """phase -> run_matrix keyword arguments, the same for the variant and the baseline (pure)."""
+    b = profile.bench
+    if not (variant.change.get("prefix_cache") or variant.reusable_prefix):
+        return {"measure": {}}
+    plan: dict[str, dict[str, Any]] = {
+        "cold": {"seeds": [b.seed + COLD_SEED_STRIDE * i for i in range(1, b.rounds + 1)], "phase_tag": "cold",
+                 "phase": "measure"}}
+    if variant.reusable_prefix:
+        # the warmup uses the rounds' seed, so it sends the same shared prefix and primes the cache
+        plan["reusable_prefix"] = {"prefix_len": variant.prefix_len, "phase_tag": "prefix", "phase": "prefix-warm",
+                                   "warmup_seed": b.seed}
+    return plan
+
+
+def phase_verdicts(comparisons: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, str]]:
+    """phase -> {verdict, why, expected} (pure); a phase's verdict never borrows another phase's numbers."""
+    out = {}
+    for phase, rows in comparisons.items():
+        d, why = verdict(rows)
+        worse = [r["case"] for r in rows if r.get("throughput_worse")]
+        if worse:
+            d, why = "worse", "throughput worse beyond noise in " + ", ".join(worse)
+        elif d == "adopt variant":
+            d = "better"
+        elif rows and not any(r["p99_worse"] for r in rows):
+            d = "no gain beyond noise"
+        else:
+            d = "worse" if rows else "not compared"
+        out[phase] = {"verdict": d, "why": why, "expected": EXPECTATION.get(phase, "")}
+    return out
+
+
+def decision(verdicts: dict[str, dict[str, str]]) -> tuple[str, str, str | None]:
+    """(decision, why, the phase it rests on): the target phase's verdict, vetoed by a worse phase (pure)."""
+    target = next((p for p in ("reusable_prefix", "measure") if p in verdicts), None)
+    worse = [f"{p}: {v['why']}" for p, v in verdicts.items() if v["verdict"] == "worse"]
+    if target is None:
+        return "keep baseline", "no phase the change is for was compared with the baseline", None
+    if worse:
+        return "keep baseline", "; ".join(worse), target
+    v = verdicts[target]
+    return ("adopt variant" if v["verdict"] == "better" else "keep baseline"), f"{target}: {v['why']}", target
 
 
 def baseline_cases(perf_dir: Path) -> dict[str, dict[str, Any]]:
@@ -154,21 +215,29 @@ def _deployed_args(deploy_metrics: dict[str, Any], fallback: EngineSpec) -> Engi
     return fallback.args
 
 
-def _spec_and_memory(results: dict[str, Any]) -> dict[str, Any]:
+def _memory(rounds: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(engine RSS max, GPU memory used fraction max) over the valid rounds' resource samples."""
+    res = [r.get("resources") or {} for r in rounds if r.get("valid")]
+    rss = [x.get("engine_tree_rss_bytes_max") or x.get("engine_engine_rss_bytes_max") for x in res]
+    gpu = [x.get("gpu_mem_used_frac_max") for x in res]
+    return max((m for m in rss if m), default=None), max((g for g in gpu if g is not None), default=None)
+
+
+def _spec_and_memory(results: dict[str, Any], base: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per case: the variant's speculative-decoding figures and memory beside the baseline's memory."""
     out = {}
     for name, cr in results.items():
         rs = [r for r in cr.rounds if r.get("valid")]
         t = case_table(rs, ("spec_decode_acceptance_rate", "spec_decode_acceptance_length",
                             "spec_decode_draft_tokens", "spec_decode_accepted_tokens", "spec_decode_num_drafts"))
-        mem = [((r.get("resources") or {}).get("engine_tree_rss_bytes_max")
-                or (r.get("resources") or {}).get("engine_engine_rss_bytes_max")) for r in rs]
-        gpu = [(r.get("resources") or {}).get("gpu_mem_used_frac_max") for r in rs]
+        rss, gpu = _memory(rs)
+        b_rss, b_gpu = _memory((base.get(name) or {}).get("rounds") or [])
         out[name] = {"acceptance_rate_pct": t["spec_decode_acceptance_rate"]["median"],
                      "acceptance_length": t["spec_decode_acceptance_length"]["median"],
                      "draft_tokens": t["spec_decode_draft_tokens"]["median"],
                      "accepted_tokens": t["spec_decode_accepted_tokens"]["median"],
-                     "engine_rss_bytes_max": max((m for m in mem if m), default=None),
-                     "gpu_mem_used_frac_max": max((g for g in gpu if g is not None), default=None)}
+                     "engine_rss_bytes_max": rss, "gpu_mem_used_frac_max": gpu,
+                     "baseline_engine_rss_bytes_max": b_rss, "baseline_gpu_mem_used_frac_max": b_gpu}
     return out
 
 
@@ -204,6 +273,27 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
         checks.append(Check("baseline-evidence", "skip", str(perf_dir / "verdict.json"), None,
                             f"no baseline perf evidence at {perf_dir}: the variant is measured, not compared"))
 
+    plan = phase_plan(variant, profile)
+    base_tables: dict[str, dict[str, Any]] = {}
+    base_hit: dict[str, dict[str, list[Any]]] = {}
+    if "measure" in plan and base:
+        base_tables["measure"] = {n: c.get("table", {}) for n, c in base.items()}
+    extra = [p for p in plan if p != "measure"]
+    base_endpoint = getattr(args, "baseline_endpoint", None)
+    if extra and base_endpoint:
+        # the baseline engine runs the variant's phases first, on the same requests, while it is still up
+        bargs = copy.copy(args)
+        bargs.endpoint = base_endpoint
+        for phase in extra:
+            kw = dict(plan[phase], phase_tag=f"{plan[phase]['phase_tag']}-baseline")
+            res, _ = run_matrix(bargs, out / "baseline", cases, base_spec, f"{variant.name}:baseline", **kw)
+            base_tables[phase] = {n: case_table(cr.rounds) for n, cr in res.items()}
+            base_hit[phase] = {n: [(r.get("resources") or {}).get("prefix_cache_hit_rate") for r in cr.rounds]
+                               for n, cr in res.items()}
+    elif extra:
+        checks.append(Check("baseline-phases", "skip", f"baseline measured on {', '.join(extra)}", None,
+                            "no --baseline-endpoint: the variant's phases are measured, not compared"))
+
     dargs = copy.copy(args)
     dargs.variant = variant.name
     dargs.backend = getattr(args, "backend", None)
@@ -226,35 +316,32 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
         margs = copy.copy(args)
         margs.endpoint = endpoint
         phases: dict[str, Any] = {}
-        rounds = profile.bench.rounds
-        if variant.change.get("prefix_cache") or variant.reusable_prefix:
-            cold_seeds = [profile.bench.seed + 7919 * i for i in range(1, rounds + 1)]
-            phases["cold"], _ = run_matrix(margs, out, cases, var_spec, variant.name, seeds=cold_seeds,
-                                           phase_tag="cold", phase="measure")
-            if variant.reusable_prefix:
-                # the warmup uses the rounds' seed, so it sends the same shared prefix and primes the cache
-                phases["reusable_prefix"], _ = run_matrix(
-                    margs, out, cases, var_spec, variant.name, prefix_len=variant.prefix_len, phase_tag="prefix",
-                    phase="prefix-warm", warmup_seed=profile.bench.seed)
-        else:
-            phases["measure"], _ = run_matrix(margs, out, cases, var_spec, variant.name)
+        for phase, kw in plan.items():
+            phases[phase], _ = run_matrix(margs, out, cases, var_spec, variant.name, **kw)
     finally:
         tchecks, _ = backend.teardown(dargs, out / "teardown")
         checks += [Check(f"teardown/{c.name}", c.status, c.expected, c.observed, c.detail) for c in tchecks]
 
-    main_phase = "cold" if "cold" in phases else "measure"
-    for cr in phases[main_phase].values():
-        checks += [c for c in case_checks(cr, profile.bench.spread_max_rel) if c.name.endswith("rounds-valid")]
+    for res in phases.values():
+        for cr in res.values():
+            checks += [c for c in case_checks(cr, profile.bench.spread_max_rel) if c.name.endswith("rounds-valid")]
     tables = {p: {n: case_table(cr.rounds) for n, cr in res.items()} for p, res in phases.items()}
-    rows = compare({n: c.get("table", {}) for n, c in base.items()}, tables[main_phase])
-    decision, why = verdict(rows) if base else ("keep baseline", "no baseline evidence to compare against")
+    comparisons = {p: compare(base_tables[p], tables[p]) for p in tables if p in base_tables}
+    verdicts = phase_verdicts(comparisons)
+    for p, pv in verdicts.items():
+        checks.append(Check(f"phase/{p}", "pass", pv["expected"], pv["verdict"], pv["why"]))
+    dec, why, target = decision(verdicts)
     checks.append(Check("verdict", "pass", "keep baseline unless better throughput without worse P99",
-                        decision, why))
+                        dec, why))
     hit = {p: {n: [r.get("resources", {}).get("prefix_cache_hit_rate") for r in cr.rounds] for n, cr in res.items()}
            for p, res in phases.items()}
+    main_phase = target or next(iter(phases))
     metrics.update(phases={p: {n: cr.to_dict() for n, cr in res.items()} for p, res in phases.items()},
-                   tables=tables, comparison=rows, verdict=decision, verdict_reason=why, main_phase=main_phase,
-                   prefix_cache_hit_rate=hit, speculative=_spec_and_memory(phases[main_phase]),
+                   tables=tables, baseline_tables=base_tables, comparisons=comparisons, phase_verdicts=verdicts,
+                   comparison=comparisons.get(main_phase, []), verdict=dec, verdict_reason=why, main_phase=main_phase,
+                   prefix_cache_hit_rate=hit, baseline_prefix_cache_hit_rate=base_hit,
+                   speculative=_spec_and_memory(phases[main_phase], base),
                    baseline_dir=str(perf_dir), endpoint=endpoint)
-    write_json_atomic(out / "comparison.json", {"verdict": decision, "why": why, "rows": rows})
+    write_json_atomic(out / "comparison.json", {"verdict": dec, "why": why, "phases": verdicts,
+                                                "comparisons": comparisons})
     return checks, metrics

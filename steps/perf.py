@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", required=True)
     p.add_argument("--endpoint", required=True, help="engine base URL, e.g. http://127.0.0.1:8765")
     p.add_argument("--cases", required=True, help="comma-separated case names from profile.bench.cases")
+    p.add_argument("--phase", choices=("measure", "confirm"), default="measure",
+                   help="confirm: fresh rounds of cases the nightly suspects (steps/regress.py), kept apart in the store")
+    p.add_argument("--rounds", type=int, default=None, help="rounds after the warmup (default: the profile's)")
     bench_options(p)
 
 
@@ -243,7 +246,10 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
     if args.engine not in profile.engines:
         raise UsageError(f"--engine {args.engine}: not in profile {profile.name}")
     cases = selected_cases(profile, args.cases)
-    results, rows = run_matrix(args, out, cases, profile.engines[args.engine], "baseline")
+    phase = getattr(args, "phase", "measure")
+    rounds = getattr(args, "rounds", None) or profile.bench.rounds
+    results, rows = run_matrix(args, out, cases, profile.engines[args.engine], "baseline", phase=phase,
+                               seeds=[profile.bench.seed] * rounds)
     checks: list[Check] = []
     for cr in results.values():
         checks += case_checks(cr, profile.bench.spread_max_rel)

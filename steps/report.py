@@ -290,9 +290,14 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
         m = d.get("metrics", {})
         L += [f"### {m.get('variant', rel)} on {m.get('engine', '?')}: **{m.get('verdict', d.get('status'))}**", "",
               f"Change: `{json.dumps(m.get('change'))}`. {m.get('verdict_reason', '')}", ""]
-        rows = m.get("comparison") or []
-        if rows:
-            L += ["| case | out tok/s baseline → variant | TTFT p99 ms | E2E p99 ms | out tok/s rounds: baseline / variant |",
+        comparisons = m.get("comparisons") or ({m.get("main_phase") or "measure": m["comparison"]}
+                                               if m.get("comparison") else {})
+        verdicts = m.get("phase_verdicts") or {}
+        for phase, rows in comparisons.items():
+            pv = verdicts.get(phase) or {}
+            L += [f"**{phase.replace('_', ' ')} phase, baseline vs variant on the same workload** "
+                  f"(expected: {pv.get('expected') or '–'}): **{pv.get('verdict') or '–'}**. {pv.get('why') or ''}", "",
+                  "| case | out tok/s baseline → variant | TTFT p99 ms | E2E p99 ms | out tok/s rounds: baseline / variant |",
                   "|---|---|---|---|---|"]
             for r in rows:
                 def pair(k: str, r: Mapping[str, Any] = r) -> str:
@@ -306,36 +311,55 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
             L.append("")
         for phase, tables in (m.get("tables") or {}).items():
             hits = (m.get("prefix_cache_hit_rate") or {}).get(phase, {})
-            L += [f"{phase.replace('_', ' ')} phase:", "", "| case | out tok/s | TTFT p99 ms | prefix-cache hit rate |",
-                  "|---|---|---|---|"]
+            bhits = (m.get("baseline_prefix_cache_hit_rate") or {}).get(phase, {})
+            L += [f"{phase.replace('_', ' ')} phase, variant rounds:", "",
+                  "| case | out tok/s | TTFT p99 ms | prefix-cache hit rate: variant / baseline |", "|---|---|---|---|"]
             for case, t in tables.items():
                 hr = [h for h in hits.get(case, []) if h is not None]
+                bh = [h for h in bhits.get(case, []) if h is not None]
                 L.append(f"| {case} | {_cell(t.get('output_throughput'))} | {_cell(t.get('p99_ttft_ms'), 0)} | "
-                         f"{', '.join(f'{h:.0%}' for h in hr) or '–'} |")
+                         f"{', '.join(f'{h:.0%}' for h in hr) or '–'} / {', '.join(f'{h:.0%}' for h in bh) or '–'} |")
             L.append("")
         spec = m.get("speculative") or {}
         if any((s or {}).get("acceptance_rate_pct") is not None for s in spec.values()):
-            L += ["| case | acceptance rate % | acceptance length | draft tokens | engine RSS max |", "|---|---|---|---|---|"]
+            L += ["| case | acceptance rate % | acceptance length | draft tokens | engine RSS max: variant / baseline | "
+                  "GPU memory used max: variant / baseline |", "|---|---|---|---|---|---|"]
             for case, s in spec.items():
                 L.append(f"| {case} | {_fmt(s.get('acceptance_rate_pct'))} | {_fmt(s.get('acceptance_length'), 2)} | "
-                         f"{_fmt(s.get('draft_tokens'), 0)} | {_fmt(s.get('engine_rss_bytes_max'), 0)} |")
+                         f"{_fmt(s.get('draft_tokens'), 0)} | {_fmt(s.get('engine_rss_bytes_max'), 0)} / "
+                         f"{_fmt(s.get('baseline_engine_rss_bytes_max'), 0)} | {_fmt(s.get('gpu_mem_used_frac_max'), 2)} / "
+                         f"{_fmt(s.get('baseline_gpu_mem_used_frac_max'), 2)} |")
             L.append("")
 
     # regression
     L += ["## Nightly regression", ""]
-    reg = _by_gate(v, "regress")
+    # the final verdict only: the in-sequence suspect stage's labels are repeated (with the confirmation) there
+    reg = {k: d for k, d in _by_gate(v, "regress").items() if d.get("metrics", {}).get("stage") != "suspect"}
     labels = [lb for d in reg.values() for lb in d.get("metrics", {}).get("labels", [])]
     if not labels:
         L += ["No regression verdict in this run." if not reg else
               next(iter(reg.values())).get("checks", [{}])[0].get("detail", ""), ""]
     else:
-        L += ["| engine | case | metric | label | value | history median | change | nights |",
-              "|---|---|---|---|---|---|---|---|"]
+        L += ["A night worse than its history's band is *suspected*; the run then measures that case again on fresh "
+              "rounds, and only a *confirmed* suspicion is labelled regressed (docs/regression.md).", "",
+              "| engine | case | metric | label | value | history median | change | nights | suspected | "
+              "confirmation (rounds) | confirmation change |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for lb in labels:
             ch = f"{lb['change_rel']:+.1%}" if lb.get("change_rel") is not None else "–"
+            cch = f"{lb['confirm_change_rel']:+.1%}" if lb.get("confirm_change_rel") is not None else "–"
+            conf = (f"{_fmt(lb.get('confirm_value'), 2)} ({lb.get('confirm_rounds')})" if lb.get("confirm_rounds")
+                    else "–")
             L.append(f"| {lb['engine']} | {lb['case']} | {lb['metric']} | **{lb['label']}** | {_fmt(lb.get('value'), 2)} "
-                     f"| {_fmt(lb.get('centre'), 2)} | {ch} | {lb.get('nights')} |")
+                     f"| {_fmt(lb.get('centre'), 2)} | {ch} | {lb.get('nights')} | "
+                     f"{'yes' if lb.get('suspected') else 'no'} | {conf} | {cch} |")
         L.append("")
+        rounds = {k: r for d in reg.values() for k, r in ((d.get("metrics") or {}).get("rounds") or {}).items()}
+        suspected = sorted({f"{lb['engine']}/{lb['case']}" for lb in labels if lb.get("suspected")})
+        for key in suspected:
+            first = (rounds.get("measure") or {}).get(key) or []
+            again = (rounds.get("confirm") or {}).get(key) or []
+            L += [f"Rounds of {key}, output tok/s: night {', '.join(_fmt(r.get('output_throughput'), 2) for r in first) or '–'}"
+                  f"; confirmation {', '.join(_fmt(r.get('output_throughput'), 2) for r in again) or 'not measured'}.", ""]
     if "trend" in plots:
         L += [f"![nightly trend]({plots['trend']})", ""]
     return "\n".join(L) + "\n"

@@ -6,7 +6,8 @@ from pydantic import ValidationError
 from params import load_profile
 from params.models import Variant
 from steps.engine_cmd import apply_change
-from steps.experiment import args_diff, baseline_cases, compare, one_change_problems, verdict
+from steps.experiment import (args_diff, baseline_cases, compare, decision, one_change_problems, phase_plan,
+                              phase_verdicts, verdict)
 
 
 def test_model_rejects_two_changes_at_once():
@@ -70,6 +71,43 @@ def test_baseline_cases_read_from_perf_evidence(tmp_path):
     assert sorted(baseline_cases(tmp_path / "perf")) == ["c2", "c4"]
 
 
+# ---- like for like: phase by phase ------------------------------------------------
+
+def test_prefix_cache_plan_has_both_phases_and_spec_has_one():
+    prof = load_profile("local-cpu")
+    pc = next(v for v in prof.experiments if v.name == "prefix-cache")
+    plan = phase_plan(pc, prof)
+    assert list(plan) == ["cold", "reusable_prefix"]
+    assert len(set(plan["cold"]["seeds"])) == prof.bench.rounds          # a new request set every round
+    assert plan["reusable_prefix"]["prefix_len"] == pc.prefix_len
+    spec = Variant(name="s", change={"speculative": {"method": "ngram", "num_speculative_tokens": 3}})
+    assert phase_plan(spec, prof) == {"measure": {}}
+
+
+def test_each_phase_gets_its_own_verdict_and_the_target_phase_decides():
+    same, better = compare({"c2": _t(100, 300)}, {"c2": _t(100, 300)}), compare({"c2": _t(100, 300)}, {"c2": _t(130, 300)})
+    v = phase_verdicts({"cold": same, "reusable_prefix": better})
+    assert v["cold"]["verdict"] == "no gain beyond noise" and "no gain expected" in v["cold"]["expected"]
+    assert v["reusable_prefix"]["verdict"] == "better"
+    assert decision(v)[0] == "adopt variant" and decision(v)[2] == "reusable_prefix"
+    # the cold phase alone (the old single number) would have said keep baseline
+    assert verdict(same)[0] == "keep baseline"
+
+
+def test_a_phase_worse_beyond_noise_vetoes_the_gain():
+    slower = compare({"c2": _t(100, 300)}, {"c2": _t(80, 300)})
+    better = compare({"c2": _t(100, 300)}, {"c2": _t(130, 300)})
+    v = phase_verdicts({"cold": slower, "reusable_prefix": better})
+    assert v["cold"]["verdict"] == "worse"
+    d, why, _ = decision(v)
+    assert d == "keep baseline" and why.startswith("cold:")
+
+
+def test_without_a_compared_target_phase_the_baseline_is_kept():
+    v = phase_verdicts({"cold": compare({"c2": _t(100, 300)}, {"c2": _t(130, 300)})})
+    assert decision(v)[0] == "keep baseline"
+
+
 # ---- real engine --------------------------------------------------------------
 
 
@@ -98,7 +136,7 @@ def test_prefix_cache_experiment_real_engine(tmp_path, endpoint):
                      "--endpoint", endpoint, "--cases", "c2-128-32", "--results-uri", store]) == 0
     out = seq / "exp-prefix-cache"
     rc = gauntlet(["step", "experiment", "--profile", str(prof), "--out", str(out), "--engine", "vllm",
-                   "--variant", "prefix-cache", "--results-uri", store])
+                   "--variant", "prefix-cache", "--results-uri", store, "--baseline-endpoint", endpoint])
     v = json.loads((out / "verdict.json").read_text())
     assert rc == 0, [c for c in v["checks"] if c["status"] != "pass"]
     names = {c["name"]: c for c in v["checks"]}
@@ -106,6 +144,10 @@ def test_prefix_cache_experiment_real_engine(tmp_path, endpoint):
     m = v["metrics"]
     assert set(m["tables"]) == {"cold", "reusable_prefix"}
     assert m["verdict"] in ("keep baseline", "adopt variant") and m["comparison"][0]["case"] == "c2-128-32"
+    # like for like: the baseline engine ran both phases too, and each phase has its own verdict
+    assert set(m["comparisons"]) == set(m["phase_verdicts"]) == {"cold", "reusable_prefix"}
+    assert m["main_phase"] == "reusable_prefix"
+    assert m["baseline_tables"]["reusable_prefix"]["c2-128-32"]["output_throughput"]["median"] > 0
     warm = [h for h in m["prefix_cache_hit_rate"]["reusable_prefix"]["c2-128-32"] if h is not None]
     cold = [h for h in m["prefix_cache_hit_rate"]["cold"]["c2-128-32"] if h is not None]
     assert warm and max(warm) > 0.4          # the shared half-prompt prefix is served from the cache

@@ -113,3 +113,40 @@ def test_report_says_why_without_an_ab_table(tmp_path):
                ).write(run / "sglang" / "perf")
     md = write_report(run, [], profile=load_profile("local-cpu")).read_text()
     assert "No comparison table" in md
+
+
+def test_report_shows_each_phase_and_the_confirmation(tmp_path):
+    from steps.experiment import decision, phase_verdicts
+
+    run = _run_dir(tmp_path)
+    base, same, faster = _case("c2-128-32", 2), _case("c2-128-32", 2, 1.0), _case("c2-128-32", 2, 1.5)
+    comparisons = {"cold": compare({"c2-128-32": base.to_dict()["table"]}, {"c2-128-32": case_table(same.rounds)}),
+                   "reusable_prefix": compare({"c2-128-32": base.to_dict()["table"]},
+                                              {"c2-128-32": case_table(faster.rounds)})}
+    pv = phase_verdicts(comparisons)
+    d, why, target = decision(pv)
+    Verdict.of("experiment", now_iso(), [Check("verdict", "pass", observed=d, detail=why)],
+               {"variant": "prefix-cache", "engine": "vllm", "change": {"prefix_cache": True}, "verdict": d,
+                "verdict_reason": why, "comparisons": comparisons, "phase_verdicts": pv, "main_phase": target,
+                "comparison": comparisons[target]}).write(run / "vllm" / "exp-prefix-cache")
+    label = {"engine": "vllm", "case": "c2-128-32", "metric": "output_throughput", "label": "unconfirmed",
+             "value": 70.0, "centre": 77.0, "threshold": 2.3, "change_rel": -0.09, "nights": 14, "suspected": True,
+             "confirm_value": 76.5, "confirm_threshold": 2.9, "confirm_change_rel": -0.0065, "confirm_rounds": 6}
+    rounds = {"measure": {"vllm/c2-128-32": [{"round": i, "output_throughput": v} for i, v in
+                                             enumerate((69.0, 70.0, 71.5), 1)]},
+              "confirm": {"vllm/c2-128-32": [{"round": i, "output_throughput": 76.0 + i / 10} for i in range(1, 7)]}}
+    Verdict.of("regress", now_iso(), [Check("vllm/c2-128-32/output_throughput", "pass", detail="unconfirmed")],
+               {"stage": "final", "labels": [label], "rounds": rounds}).write(run / "regress")
+    # the in-sequence suspect stage's own verdict is not a second table
+    Verdict.of("regress", now_iso(), [], {"stage": "suspect", "labels": [dict(label, label="suspect")]}
+               ).write(run / "vllm" / "suspect")
+    md = write_report(run, []).read_text()
+    exp = md[md.index("## Experiments"):md.index("## Nightly regression")]
+    assert "**cold phase, baseline vs variant on the same workload** (expected: no gain expected" in exp
+    assert "**no gain beyond noise**" in exp
+    assert "**reusable prefix phase, baseline vs variant on the same workload**" in exp and "**better**" in exp
+    assert "adopt variant" in exp
+    reg = md[md.index("## Nightly regression"):]
+    assert reg.count("| vllm | c2-128-32 | output_throughput |") == 1 and "**unconfirmed**" in reg
+    assert "76.50 (6) | -0.7% |" in reg
+    assert "night 69.00, 70.00, 71.50; confirmation 76.10, 76.20, 76.30, 76.40, 76.50, 76.60." in reg
