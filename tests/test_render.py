@@ -109,12 +109,15 @@ def test_gate_order_of_the_plan():
         assert before in tasks[after]["depends"] or any(
             before in tasks[d]["depends"] for d, _ in _depends_terms(tasks[after]["depends"])), (before, after)
     seq = _tasks(_wt(), "engine-sequence")
-    chain = ["deploy", "smoke", "perf", "perf-c32-1k-1k", "longctx", "longctx-1048576", "exp-prefix-cache",
-             "exp-dspark", "exp-hicache", "teardown"]
+    chain = ["deploy", "smoke", "perf", "perf-c32-1k-1k", "suspect", "confirm", "longctx", "longctx-1048576",
+             "exp-prefix-cache", "exp-dspark", "exp-hicache", "teardown"]
     for before, after in zip(chain, chain[1:]):
         assert f"{before}.Succeeded" in seq[after]["depends"], (before, after, seq[after]["depends"])
     assert seq["perf-c32-1k-1k"]["when"] == "{{tasks.perf.outputs.parameters.unlock_c32_1k_1k}} == true"
     assert seq["longctx-1048576"]["when"] == "{{tasks.longctx.outputs.parameters.unlock_all_lower}} == true"
+    # confirm before alarm: the suspected cases only, measured again while the engine is up
+    assert seq["confirm"]["when"] == "'{{tasks.suspect.outputs.parameters.suspect}}' == 'true'"
+    assert "{{tasks.suspect.outputs.parameters.suspect_cases}}" in str(seq["confirm"]["arguments"])
     # vLLM Experimental only after the SGLang baseline, and the same sequence template for both
     main = _tasks(_wt(), "main")
     assert main["sglang"]["template"] == main["vllm"]["template"] == "engine-sequence"

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from params.models import Profile
+from steps.regress import DEFAULT_RULE
 
 __all__ = ["Task", "Dag", "Graph", "build_graph", "param_name", "RUN_DIR", "ENGINE_SEQUENCE",
            "ENGINES_CHOICES",
@@ -120,9 +121,18 @@ def _engine_sequence(profile: Profile) -> Dag:
                           when=f"{{{{tasks.perf.outputs.parameters.unlock_{param_name(c.name)}}}}} == true",
                           args=(*common, "--cases", c.name)))
         last = name
+    # Confirm before alarm (docs/regression.md): while this engine is still up, the nightly's suspicion
+    # is measured again on fresh rounds of the same requests; regress then labels only a confirmed one.
+    tasks.append(Task("suspect", step="regress", gate="gate4", depends=_ok(last, skipped=last != "perf"),
+                      args=("--engine", eng, "--stage", "suspect"), outputs=("suspect", "suspect_cases")))
+    tasks.append(Task("confirm", step="perf", gate="gate4", depends=_ok("suspect"), **bench,
+                      when="'{{tasks.suspect.outputs.parameters.suspect}}' == 'true'",
+                      args=(*common, "--cases", "{{tasks.suspect.outputs.parameters.suspect_cases}}",
+                            "--phase", "confirm", "--rounds", str(DEFAULT_RULE.confirm_rounds))))
+    after_perf = _ok("confirm", skipped=True)      # Skipped: nothing suspected
     base_rungs = [r for r in profile.longctx.ladder if not r.requires_all_lower]
     gated_rungs = [r for r in profile.longctx.ladder if r.requires_all_lower]
-    tasks.append(Task("longctx", step="longctx", gate="gate5", depends=_ok(last, skipped=last != "perf"),
+    tasks.append(Task("longctx", step="longctx", gate="gate5", depends=after_perf,
                       args=(*common, "--rungs", ",".join(str(r.tokens) for r in base_rungs)),
                       outputs=("unlock_all_lower",)))
     last = "longctx"
@@ -140,7 +150,7 @@ def _engine_sequence(profile: Profile) -> Dag:
         if v.engine is not None:
             when = f"'{eng}' == '{v.engine}'"
         tasks.append(Task(name, step="experiment", gate="gate6", depends=prev_ok, when=when, **bench,
-                          args=("--engine", eng, "--variant", v.name)))
+                          args=("--engine", eng, "--variant", v.name, "--baseline-endpoint", endpoint)))
         prev_ok = _ok(name, skipped=True)
     tasks.append(Task("teardown", step="teardown", gate="gate2", depends=prev_ok, args=("--engine", eng)))
     return Dag(ENGINE_SEQUENCE, tuple(tasks), inputs=("engine",))
