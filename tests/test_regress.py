@@ -186,3 +186,21 @@ def test_final_stage_judges_the_confirmation_rounds(tmp_path, factor, label):
     assert metrics["outputs"]["regressed"] is (label == "regressed")
     assert len(metrics["rounds"]["confirm"]["vllm/c2-128-32"]) == 6
     assert len(metrics["rounds"]["measure"]["vllm/c2-128-32"]) == 3
+
+
+@pytest.mark.parametrize("suspect,runs", [("true", True), ("false", False), ("", False)])
+def test_confirmation_runs_only_on_a_suspicion_and_never_holds_longctx_back(suspect, runs):
+    """The graph both back ends walk: confirm's `when` on the suspect stage's output (its Argo default is
+    empty), and longctx after confirm whether it ran or was skipped."""
+    from workflows.conditions import eval_depends, eval_when, substitute
+    from workflows.graph import build_graph
+
+    seq = build_graph(load_profile("local-cpu")).sequences[0]
+    confirm, longctx = seq.task("confirm"), seq.task("longctx")
+    outs = {"tasks.suspect.outputs.parameters.suspect": suspect,
+            "tasks.suspect.outputs.parameters.suspect_cases": "c2-128-32" if runs else ""}
+    assert eval_when(substitute(confirm.when, outs)) is runs
+    assert confirm.step == "perf" and "--phase" in confirm.args and "confirm" in confirm.args
+    assert str(DEFAULT_RULE.confirm_rounds) in confirm.args
+    assert seq.task("suspect").step == "regress" and "suspect" in seq.task("suspect").args
+    assert eval_depends(longctx.depends, {"confirm": "Succeeded" if runs else "Skipped"})
