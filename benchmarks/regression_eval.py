@@ -141,14 +141,15 @@ def otava(x: np.ndarray, window: int, trials: int, max_pvalue: float) -> tuple[n
     point at one of the new nights (what a nightly would be told that morning)."""
     from otava.analysis import compute_change_points
 
+    trials = min(trials, len(x))
     nv = np.median(x[:trials, :, :NIGHT_ROUNDS], axis=2)
     any_, tput = np.zeros((trials, 2), bool), np.zeros((trials, 2), bool)
     for t in range(trials):
         for j, n in enumerate((window + 1, window + 2)):
             for mi, d in enumerate(DIRECTION):
                 series = nv[t, n - window:n + 1, mi]
-                cps = compute_change_points(series, window_len=len(series), max_pvalue=max_pvalue)
-                hit = any(cp.index >= window - j and (cp.forward_change_percent() * d) < 0 for cp in cps)
+                cps, _ = compute_change_points(list(series), window_len=len(series), max_pvalue=max_pvalue)
+                hit = any(cp.index >= window - j and cp.stats.forward_change_percent() * d < 0 for cp in cps)
                 any_[t, j] |= hit
                 tput[t, j] |= hit and mi == TPUT[0]
     return any_, tput
@@ -230,6 +231,28 @@ def table(rows: list[dict], steps: list[float]) -> str:
         f"{DEFAULT_RULE.confirm_rounds} rounds):\n" + "\n".join(extra)
 
 
+def goal(rows: list[dict], steps: list[float]) -> str:
+    """The issue's goal, read off the rows: ours at <= 1% false alarms (any metric), first-night detection
+    within 10 points of the oracle at exactly 1%, and no anchor at 1% false alarms detecting more."""
+    lines = []
+    by = {(r["series"], r["key"]): r for r in rows}
+    for series in dict.fromkeys(r["series"] for r in rows):
+        ours_ = by[(series, "ours")]
+        fa = ours_["step 0"]["fa_any"]
+        parts = [f"false alarms {_pct(fa)}% ({'ok' if fa <= ALPHA + 1e-12 else 'over'} the 1% budget)"]
+        for st in steps:
+            k = f"step {st:g}"
+            gap = by[(series, "oracle_cal")][k]["first"] - ours_[k]["first"]
+            best = max(("hud_cal", "sglang_cal"), key=lambda a: by[(series, a)][k]["two"])
+            anchors = max(by[(series, a)][k]["first"] for a in ("hud_cal", "sglang_cal"))
+            parts.append(f"{st:.0%}: {_pct(ours_[k]['first'])} vs oracle {_pct(ours_[k]['first'] + gap)} "
+                         f"({'within' if gap <= 0.10 else 'MORE than'} 10 points), best anchor at 1% "
+                         f"{_pct(anchors)} first night / {_pct(by[(series, best)][k]['two'])} vs ours "
+                         f"{_pct(ours_[k]['two'])} within two")
+        lines.append(f"- {series}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def evaluate(args: argparse.Namespace) -> None:
     doc = json.loads(Path(args.noise).read_text())
     pool = np.array([[r[m] for m in MET] for r in doc["rounds"] if r["valid"]], dtype=float)
@@ -251,6 +274,7 @@ def evaluate(args: argparse.Namespace) -> None:
         print(f"  {s.name}: done at {time.perf_counter() - t0:.0f} s", flush=True)
     print()
     print(table(rows, steps))
+    print("\nGoal check:\n" + goal(rows, steps))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=float))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
@@ -302,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     e = sub.add_parser("evaluate")
     e.add_argument("noise", help="recorded rounds (the record command's output)")
     e.add_argument("--trials", type=int, default=2000)
-    e.add_argument("--otava-trials", type=int, default=200, help="E-Divisive is slow; 0 leaves it out")
+    e.add_argument("--otava-trials", type=int, default=2000, help="otava on the first N trials (0: left out)")
     e.add_argument("--otava-p", type=float, default=0.001, help="otava's max_pvalue (its default)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--k-suspect", type=float, default=None)

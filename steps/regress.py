@@ -65,7 +65,7 @@ class Rule:
     window: int = 14
     min_history: int = 7
     k_suspect: float = 1.5         # stage 1 (docs/regression.md: chosen on the evaluation's grid)
-    k_confirm: float = 2.5         # stage 2, in sigmas of a confirmation's median
+    k_confirm: float = 3.0         # stage 2, in sigmas of a confirmation's median
     confirm_rounds: int = 6
 
 

@@ -126,8 +126,9 @@ def test_suspicion_is_labelled_regressed_only_when_confirmed():
     from steps._stats import median
     centre = median(hist)
     night = centre - (_band(hist, rule.k_suspect) + _band(hist, rule.k)) / 2   # past suspect, inside the band
-    confirmed = judge_two_stage(night, hist, +1, 0.03, rule, confirm=night, confirm_rounds=6)
     cleared = judge_two_stage(night, hist, +1, 0.03, rule, confirm=centre, confirm_rounds=6)
+    confirmed = judge_two_stage(night, hist, +1, 0.03, rule, confirm=centre - 1.2 * cleared["confirm_threshold"],
+                                confirm_rounds=6)
     unchecked = judge_two_stage(night, hist, +1, 0.03, rule)
     assert confirmed["label"] == "regressed" and confirmed["suspected"]
     assert cleared["label"] == "unconfirmed" and cleared["confirm_value"] == centre
