@@ -288,7 +288,10 @@ class Profile(Strict):
     active_deadline_s: int = 6 * 3600
     results_uri: str = Field("results", description="pyarrow filesystem URI or local path of the results store")
     runs_pvc: str = Field("gauntlet-runs", description="RWX PVC mounted at /runs: every gate's evidence on Argo")
-    artifact_repository: str | None = Field(None, description="artifactRepositoryRef configMap (null: default)")
+    artifact_repository: str | None = Field(
+        None, description="where each gate's evidence is also saved as an Argo output artifact: null: nowhere "
+        "(evidence stays on the runs PVC; Argo's wait container fails on an output artifact with no repository), "
+        "'default': the controller's default artifact repository, else an artifact-repository ConfigMap name")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:

@@ -26,6 +26,9 @@ class Step(Protocol):
 
     def run(self, args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]: ...
 
+    # optional: ``exit_code(verdict) -> int`` when the exit code means something other than the verdict
+    # (cleanup and janitor: 0 unless something is still held)
+
 
 # name -> module; the order is the order `gauntlet step --help` lists them
 STEPS: dict[str, str] = {
@@ -44,6 +47,7 @@ STEPS: dict[str, str] = {
     "report": "steps.report_step",
     "regress": "steps.regress",
     "cleanup": "steps.cleanup",
+    "janitor": "steps.janitor",
 }
 
 

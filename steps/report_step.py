@@ -1,4 +1,10 @@
-"""The report step: ``report.md`` and plots for the run directory (the report gate on Argo and locally)."""
+"""The report step: ``report.md`` and plots for the run directory (the report gate on Argo and locally).
+
+It runs when ``regress`` succeeded or failed, and it is the main DAG's leaf: Argo judges a DAG
+by its leaf tasks only (v4.0.5 workflow/controller/dag.go ``assessDAGPhase``), so a report that
+passed would turn a nightly with a regression green. With ``--regress-verdict`` it writes the
+report first, then fails its own verdict with a ``regression`` check when regress did not pass.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ NEEDS_PROFILE = True
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=None, help="run directory (default: the parent of --out)")
     p.add_argument("--results-uri", default=None, help="results store for the nightly trend")
+    p.add_argument("--regress-verdict", default=None,
+                   help="{{tasks.regress.outputs.parameters.verdict}}: fail after writing the report unless pass/skip")
 
 
 def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
@@ -31,5 +39,22 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
     if Path(out).resolve() != run_dir.resolve():
         for name in ("report.md", *pngs):
             shutil.copy2(run_dir / name, Path(out) / name)
-    return [Check("report", "pass", "report.md written", str(path), f"{path} with {len(pngs)} plot(s): "
-                  f"{', '.join(pngs) or 'none'}")], {"report": str(path), "plots": pngs}
+    checks = [Check("report", "pass", "report.md written", str(path), f"{path} with {len(pngs)} plot(s): "
+                    f"{', '.join(pngs) or 'none'}")]
+    verdict = getattr(args, "regress_verdict", None)
+    if verdict is not None and verdict.strip() not in ("pass", "skip"):
+        checks.append(Check("regression", "fail", "regress pass or skip", verdict,
+                            f"regress ended {verdict!r}: {_regress_failures(run_dir)}; the report is written "
+                            f"({path}) and this gate fails so the workflow does"))
+    return checks, {"report": str(path), "plots": pngs}
+
+
+def _regress_failures(run_dir: Path) -> str:
+    """The regress gate's failing checks, one line (its verdict may be missing: a crashed step)."""
+    import json
+    try:
+        v = json.loads((run_dir / "regress" / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return "no regress verdict (the step did not write one)"
+    bad = [f"{c.get('name')}: {c.get('detail')}" for c in v.get("checks", []) if c.get("status") in ("fail", "error")]
+    return "; ".join(bad)[:500] or f"status {v.get('status')!r} with no failing check"

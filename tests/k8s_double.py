@@ -10,7 +10,10 @@ recorded, so a test notices):
 - ``GET`` one object, ``GET`` a list with an equality ``labelSelector`` (``k=v,k2=v2``),
   ``GET /api/v1/pods`` with ``fieldSelector=spec.nodeName=X``;
 - ``DELETE`` statefulsets, services, jobs (their pods go with them);
-- ``GET pods/{name}/log``.
+- ``GET pods/{name}/log``;
+- ``DELETE pods/{name}`` (the janitor, for a labelled pod with no owner);
+- ``GET`` a list of Argo ``workflows`` (``argoproj.io/v1alpha1``; the janitor looks runs up by uid);
+- an existence term in a ``labelSelector`` (``gauntlet.dev/run``).
 
 A toy controller makes pods for StatefulSets (ordinal names, one per node listed in the
 node affinity) and indexed Jobs; tests shape those pods' status and logs through
@@ -41,8 +44,9 @@ RESOURCES = {
     "services": ("/api/v1", "Service"),
     "jobs": ("/apis/batch/v1", "Job"),
     "pods": ("/api/v1", "Pod"),
+    "workflows": ("/apis/argoproj.io/v1alpha1", "Workflow"),
 }
-_PATH = re.compile(r"^(?P<prefix>/api/v1|/apis/apps/v1|/apis/batch/v1)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
+_PATH = re.compile(r"^(?P<prefix>/api/v1|/apis/apps/v1|/apis/batch/v1|/apis/argoproj.io/v1alpha1)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
                    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$")
 
 
@@ -57,8 +61,11 @@ def _matches(labels: dict[str, str], selector: str | None) -> bool:
     if not selector:
         return True
     for term in selector.split(","):
-        k, _, v = term.partition("=")
-        if labels.get(k) != v:
+        k, eq, v = term.partition("=")
+        if not eq:
+            if k not in labels:                  # an existence term: `key`
+                return False
+        elif labels.get(k) != v:
             return False
     return True
 
@@ -261,7 +268,7 @@ class K8sDouble:
                                    {"batch.kubernetes.io/job-completion-index": str(i), "job-name": name},
                                    nodes[i] if i < len(nodes) else None, ("Job", name))
                 pods = [x for (pp, s, _), x in self.objects.items() if pp == "pods" and s == ns
-                        and x["metadata"]["ownerReferences"][0]["name"] == name]
+                        and (x["metadata"].get("ownerReferences") or [{}])[0].get("name") == name]
                 o["status"] = {"succeeded": sum(1 for x in pods if x["status"].get("phase") == "Succeeded"),
                                "failed": sum(1 for x in pods if x["status"].get("phase") == "Failed")}
 

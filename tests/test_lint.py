@@ -99,7 +99,23 @@ def output_from_non_ancestor(wt):
     _task(wt, "engine-sequence", "smoke")["when"] = "{{tasks.perf.outputs.parameters.unlock_c32_1k_1k}} == true"
 
 
+def relative_host_path(wt):
+    next(v for v in wt["spec"]["volumes"] if v.get("hostPath"))["hostPath"]["path"] = ".cache/models/smollm2"
+
+
+def zero_digest(wt):
+    _tmpl(wt, "preflight-0")["container"]["image"] = "local/vllm-cpu@sha256:" + "0" * 64
+
+
+def zero_digest_init(wt):
+    t = next(t for t in wt["spec"]["templates"] if t.get("initContainers"))
+    t["initContainers"][0]["image"] = "local/steps@sha256:" + "0" * 64
+
+
 MISTAKES = {
+    "relative_host_path": (relative_host_path, "hostpath-absolute"),
+    "zero_digest": (zero_digest, "image-digest"),
+    "zero_digest_init": (zero_digest_init, "image-digest"),
     "typo_field": (typo_field, "schema.additionalProperties"),
     "dangling_depends": (dangling_depends, "depends-ref"),
     "cycle": (cycle, "dag-cycle"),

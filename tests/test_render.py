@@ -21,7 +21,7 @@ from workflows.lint import lint_paths
 from workflows.render import RUN_LABEL, dump_yaml, render_documents, render_profile
 
 GOLDEN = Path(__file__).parent / "golden"
-PROFILES = ["kimi-k3-h20", "local-cpu"]
+PROFILES = ["kimi-k3-h20", "h200-1gpu"]          # a local profile renders nothing (test_local_profile_...)
 
 
 def _docs(profile: str) -> dict:
@@ -71,7 +71,8 @@ def test_make_run_style_render_writes_template_and_cron(tmp_path):
                         "--out", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["gauntlet-kimi-k3-h20-nightly.cronworkflow.yaml", "gauntlet-kimi-k3-h20.rbac.yaml",
+    assert names == ["gauntlet-janitor.cronworkflow.yaml", "gauntlet-kimi-k3-h20-nightly.cronworkflow.yaml",
+                     "gauntlet-kimi-k3-h20.profile.yaml", "gauntlet-kimi-k3-h20.rbac.yaml",
                      "gauntlet-kimi-k3-h20.workflowtemplate.yaml"]
     assert "lint: ok" in r.stdout
 
@@ -147,6 +148,20 @@ def test_retries_only_on_exit_75():
         assert rs["expression"] == "asInt(lastRetry.exitCode) == 75", t["name"]
 
 
+def test_retry_backoff_is_a_parameter_and_has_no_max_duration():
+    """Argo v4 counts backoff.maxDuration from the first attempt's start and makes it the next attempt's
+    deadline (operator.go processNodeRetries): a late exit 75 would never be retried."""
+    wt = _wt()
+    params = {p["name"]: p for p in wt["spec"]["arguments"]["parameters"]}
+    assert params["retry-backoff"]["value"] == "30s"
+    for t in wt["spec"]["templates"]:
+        if "container" in t:
+            backoff = t["retryStrategy"]["backoff"]
+            assert "maxDuration" not in backoff, t["name"]
+            assert backoff["duration"] == "{{workflow.parameters.retry-backoff}}" and backoff["factor"] in ("2", 2)
+            assert t["activeDeadlineSeconds"] > 0          # each attempt is bounded by its own deadline
+
+
 def test_gpu_requests_only_where_gpus_are_used():
     for t in _wt()["spec"]["templates"]:
         if "container" not in t:
@@ -166,14 +181,41 @@ def test_gpu_requests_only_where_gpus_are_used():
         assert mount["readOnly"] is True and mount["mountPath"] == "/models-nvme/Kimi-K3/v1"
 
 
-def test_outputs_have_defaults_and_evidence_artifacts():
+def test_outputs_have_defaults():
     for t in _wt()["spec"]["templates"]:
         if "container" not in t:
             continue
         params = {p["name"]: p for p in t["outputs"]["parameters"]}
         assert params["verdict"]["valueFrom"]["default"] == "error"
         assert all("default" in p["valueFrom"] for p in params.values())
-        assert t["outputs"]["artifacts"][0]["name"] == "evidence"
+
+
+def _with(profile: str, **changes):
+    return load_profile(profile).model_copy(update=changes)
+
+
+def _artifacts(wt: dict) -> list[list]:
+    return [t["outputs"].get("artifacts") for t in wt["spec"]["templates"] if "container" in t]
+
+
+def test_no_output_artifact_without_an_artifact_repository():
+    """Without a repository Argo's wait container fails to save an output artifact: the node Errors."""
+    profile = load_profile("kimi-k3-h20")
+    assert profile.artifact_repository is None
+    wt = _wt()
+    assert _artifacts(wt) and not any(_artifacts(wt))
+    assert "artifactRepositoryRef" not in wt["spec"]
+    # the evidence stays on the runs PVC either way
+    assert all(any(m["mountPath"] == "/runs" for m in t["container"]["volumeMounts"])
+               for t in wt["spec"]["templates"] if "container" in t)
+
+
+@pytest.mark.parametrize("repo,ref", [("default", None), ("team-artifacts", {"configMap": "team-artifacts"})])
+def test_evidence_artifact_with_a_repository(repo, ref):
+    docs = render_documents(_with("kimi-k3-h20", artifact_repository=repo))
+    wt = next(v for k, v in docs.items() if k.endswith(".workflowtemplate.yaml"))
+    assert all(a and a[0]["name"] == "evidence" and a[0]["optional"] for a in _artifacts(wt))
+    assert wt["spec"].get("artifactRepositoryRef") == ref
 
 
 def test_workflow_level_settings():
@@ -201,12 +243,97 @@ def test_rbac_is_namespaced_and_least_privilege():
     which Gate 1 needs to name other teams' GPU pods on our nodes."""
     rbac = next(v for k, v in _docs("kimi-k3-h20").items() if k.endswith(".rbac.yaml"))
     kinds = sorted(d["kind"] for d in rbac)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"]
-    role = next(d for d in rbac if d["kind"] == "Role")
-    assert role["metadata"]["namespace"] == "gauntlet"
-    for rule in role["rules"]:
-        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
-        assert not {"create", "update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"]) \
-            or rule["resources"] == ["workflowtaskresults"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Role", "Role", "RoleBinding", "RoleBinding",
+                     "ServiceAccount", "ServiceAccount"]
+    for role in (d for d in rbac if d["kind"] == "Role"):
+        assert role["metadata"]["namespace"] == "gauntlet"
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+            assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+            # create only beside patch: a server-side apply that creates is authorized as create
+            assert "create" not in rule["verbs"] or "patch" in rule["verbs"]
     cluster = next(d for d in rbac if d["kind"] == "ClusterRole")
     assert cluster["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+
+
+# --- what makes rendered documents runnable (issue 10: 1, 6, 7) ---------------------------------------------
+
+def test_local_profile_refuses_to_render_in_one_line(tmp_path):
+    from workflows.render import RenderError
+    with pytest.raises(RenderError, match="hardware.kind 'local'"):
+        render_documents(load_profile("local-cpu"))
+    r = subprocess.run([sys.executable, "-m", "workflows.cli", "render", "--profile", "local-cpu",
+                        "--out", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("RenderError: ") and len(r.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def _profile_cm(docs: dict) -> dict:
+    return next(v for k, v in docs.items() if k.endswith(".profile.yaml"))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_step_reads_the_rendered_profile_from_its_configmap(profile, tmp_path):
+    from workflows.render import PROFILE_DIR
+    docs = _docs(profile)
+    cm = _profile_cm(docs)
+    wt = next(v for k, v in docs.items() if k.endswith(".workflowtemplate.yaml"))
+    vol = next(v for v in wt["spec"]["volumes"] if v["name"] == "profile")
+    assert vol["configMap"]["name"] == cm["metadata"]["name"]
+    assert cm["metadata"]["namespace"] == wt["metadata"]["namespace"]
+    for t in wt["spec"]["templates"]:
+        if "container" not in t:
+            continue
+        c = t["container"]
+        arg = c["args"][c["args"].index("--profile") + 1]
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "profile")
+        assert mount["mountPath"] == PROFILE_DIR and arg.startswith(PROFILE_DIR + "/")
+        assert arg.removeprefix(PROFILE_DIR + "/") in cm["data"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["GAUNTLET_IMAGES"].removeprefix(PROFILE_DIR + "/") in cm["data"]
+    # what the pod reads validates back into the very profile that was rendered, images included
+    for key, text in cm["data"].items():
+        (tmp_path / key).write_text(text)
+    from params import load_images
+    images = load_images(tmp_path / "images.yaml")
+    assert images == load_images()
+    assert load_profile(tmp_path / f"{load_profile(profile).name}.yaml", images=images) == load_profile(profile)
+
+
+def test_a_profile_file_outside_the_repo_renders_documents_that_run(tmp_path):
+    """`--profile path/to/mine.yaml`: no machine path reaches a container; the pods read the ConfigMap."""
+    text = (Path(__file__).resolve().parents[1] / "params" / "profiles" / "kimi-k3-h20.yaml").read_text()
+    mine = tmp_path / "elsewhere" / "mine.yaml"
+    mine.parent.mkdir()
+    mine.write_text(text.replace("name: kimi-k3-h20", "name: kimi-k3-mine", 1))
+    out = tmp_path / "build"
+    r = subprocess.run([sys.executable, "-m", "workflows.cli", "render", "--profile", str(mine), "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rendered = "".join(p.read_text() for p in out.iterdir())
+    assert str(tmp_path) not in rendered
+    cm = yaml.safe_load((out / "gauntlet-kimi-k3-mine.profile.yaml").read_text())
+    assert "kimi-k3-mine.yaml" in cm["data"] and "name: kimi-k3-mine" in cm["data"]["kimi-k3-mine.yaml"]
+
+
+def test_janitor_cronworkflow():
+    from steps._k8s.rbac import JANITOR_ACCOUNT
+    jan = _docs("kimi-k3-h20")["gauntlet-janitor.cronworkflow.yaml"]
+    spec = jan["spec"]
+    assert jan["metadata"]["name"] == "gauntlet-janitor"
+    assert spec["concurrencyPolicy"] == "Forbid" and spec["schedules"] == ["*/5 * * * *"]
+    ws = spec["workflowSpec"]
+    assert ws["serviceAccountName"] == JANITOR_ACCOUNT
+    (c,) = [t["container"] for t in ws["templates"]]
+    assert c["args"][:2] == ["step", "janitor"] and "{{workflow.parameters.grace}}" in c["args"]
+    assert "@sha256:" in c["image"] and "nvidia.com/gpu" not in str(c["resources"])
+
+
+def test_report_fails_the_nightly_on_a_regression():
+    """Argo judges the main DAG by its leaf, report: it gets regress's verdict and fails on it."""
+    report = _tasks(_wt(), "main")["report"]
+    assert report["depends"] == "regress.Succeeded || regress.Failed"
+    args = {a["name"]: a["value"] for a in report["arguments"]["parameters"]}
+    assert args == {"regress-verdict": "{{tasks.regress.outputs.parameters.verdict}}"}
+    c = _templates(_wt())["report"]["container"]
+    assert c["args"][c["args"].index("--regress-verdict") + 1] == "{{inputs.parameters.regress-verdict}}"

@@ -78,6 +78,9 @@ def test_dry_run_prints_argo_commands(tmp_path):
     assert "argo cron create -n gauntlet" in r.stdout
     assert "argo submit -n gauntlet --from workflowtemplate/gauntlet-kimi-k3-h20" in r.stdout
     assert "kubectl apply --server-side" in r.stdout
+    # the ConfigMap every step pod reads its profile from goes with the RBAC; the janitor beside the nightly
+    assert "gauntlet-kimi-k3-h20.profile.yaml" in r.stdout and "gauntlet-kimi-k3-h20.rbac.yaml" in r.stdout
+    assert "argo cron create -n gauntlet" in r.stdout and "gauntlet-janitor.cronworkflow.yaml" in r.stdout
 
 
 def test_submit_creates_then_updates(argo, tmp_path):
@@ -86,6 +89,7 @@ def test_submit_creates_then_updates(argo, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "created workflowtemplate/gauntlet-kimi-k3-h20" in r.stdout
     assert "created cronworkflow/gauntlet-kimi-k3-h20-nightly" in r.stdout
+    assert "created cronworkflow/gauntlet-janitor" in r.stdout
     wt = h.store[("workflow-templates", "gauntlet", "gauntlet-kimi-k3-h20")]
     assert wt["spec"]["onExit"] == "cleanup"
     assert any(c[2] == "Bearer t0k" for c in h.calls if c[0] == "create")

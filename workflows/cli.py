@@ -53,6 +53,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--engines", default=None, help="sglang, vllm or both (default: the profile's engines)")
     p.add_argument("--gates", default=None, help="comma-separated gate names to run (default: all)")
 
+    p = sub.add_parser("janitor", help="release what finished or killed runs left running (--local: engines of "
+                       "dead runners under --runs-dir; else the cluster, as the gauntlet-janitor CronWorkflow does)")
+    p.add_argument("--local", action="store_true", help="the local back end")
+    p.add_argument("--runs-dir", default="runs", help="local: the runs directory (default: runs)")
+    p.add_argument("--grace", default="10m", help="cluster: release a run this long after its workflow finished")
+    p.add_argument("--namespace", default=None, help="cluster: namespace (default: $GAUNTLET_NAMESPACE or gauntlet)")
+    p.add_argument("--out", default=None, help="evidence directory (default: <runs-dir>/.janitor/<time>)")
+
     p = sub.add_parser("report", help="write report.md and plots for a run directory")
     p.add_argument("run_dir", help="runs/<run-id>/")
     p.add_argument("--results", default=None, help="results store URI for the nightly trend")
@@ -138,6 +146,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from workflows.local import run_local
         return run_local(load_profile(args.profile), args)
+    if args.command == "janitor":
+        from datetime import datetime, UTC
+
+        from steps._runner import run_step
+        if args.out is None:
+            args.out = str(Path(args.runs_dir) / ".janitor" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S"))
+        args.profile = None
+        return run_step(load_step("janitor"), args)
     if args.command == "report":
         from steps.report import write_report
         write_report(Path(args.run_dir), results=args.results)

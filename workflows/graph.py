@@ -203,8 +203,9 @@ def build_graph(profile: Profile) -> Graph:
                           when=f"'{{{{workflow.parameters.engines}}}}' =~ '{engine}|both'"))
         prev, prev_skippable = [engine], True
     tasks.append(Task("regress", step="regress", gate="report", depends=_ok(*prev, skipped=True)))
-    tasks.append(Task("report", step="report", gate="report",
-                      depends="regress.Succeeded || regress.Failed"))
+    # the leaf Argo judges the workflow by: it fails (after writing the report) when regress did not pass
+    tasks.append(Task("report", step="report", gate="report", depends="regress.Succeeded || regress.Failed",
+                      args=("--regress-verdict", "{{tasks.regress.outputs.parameters.verdict}}")))
     exit_handler = Task("cleanup", step="cleanup", gate="exit",
                         args=("--workflow-status", "{{workflow.status}}",
                               "--failures", "{{workflow.failures}}"))
@@ -215,5 +216,6 @@ def build_graph(profile: Profile) -> Graph:
         "prewarm": ("false", ("false", "true"), "copy the model from CFS to each node's NVMe cache first"),
         "run-dir": ("/runs/{{workflow.uid}}", None, "where every gate writes its evidence"),
         "results-uri": (profile.results_uri, None, "results store (pyarrow filesystem URI)"),
+        "retry-backoff": ("30s", None, "first wait before Argo retries a step that exited 75 (then x2 per retry)"),
     }
     return Graph(profile.name, Dag("main", tuple(tasks)), (_engine_sequence(profile),), exit_handler, params)

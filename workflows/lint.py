@@ -34,6 +34,7 @@ ARGO_KINDS = {
     "ClusterWorkflowTemplate": "io.argoproj.workflow.v1alpha1.ClusterWorkflowTemplate",
 }
 _TASK_NAME = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]*$")
+_ZERO_DIGEST = re.compile(r"@sha256:0{64}$")          # a placeholder, never an image
 _REF = re.compile(r"\{\{\s*([^}]+?)\s*\}\}")
 _DEP_TOKEN = re.compile(r"([A-Za-z0-9_-]+)(?:\.(Succeeded|Failed|Errored|Skipped|Omitted|Daemoned|AnySucceeded|AllFailed))?")
 _GLOBAL_VARS = {"workflow.uid", "workflow.name", "workflow.namespace", "workflow.status", "workflow.failures",
@@ -171,8 +172,10 @@ def _spec_findings(name: str, spec: dict[str, Any], base: str) -> list[Finding]:
         if not sync.get("mutexes") and not sync.get("semaphores"):
             f.append(Finding(name, f"{base}.synchronization", "empty-sync",
                              "synchronization is empty (Hera's Synchronization(mutex=...) renders {})"))
+    f += _volume_findings(name, f"{base}.volumes", spec.get("volumes"))
     for ti, t in enumerate(templates):
         tpath = f"{base}.templates[{ti}]"
+        f += _volume_findings(name, f"{tpath}.volumes", t.get("volumes"))
         tname = t.get("name")
         inputs = {p["name"] for p in (t.get("inputs", {}) or {}).get("parameters", []) or []}
         for key in ("container", "script"):
@@ -184,13 +187,28 @@ def _spec_findings(name: str, spec: dict[str, Any], base: str) -> list[Finding]:
                 # also catches Hera's silent python:3.10 default for a Container without image
                 f.append(Finding(name, f"{tpath}.{key}.image", "image-digest",
                                  f"template {tname!r} image {c['image']!r} is not pinned by digest"))
+            elif c is not None and _ZERO_DIGEST.search(c["image"]):
+                f.append(Finding(name, f"{tpath}.{key}.image", "image-digest",
+                                 f"template {tname!r} image {c['image']!r} has an all-zero digest: a placeholder "
+                                 "no registry serves"))
         for ii, ic in enumerate(t.get("initContainers", []) or []):
-            if "@sha256:" not in (ic.get("image") or ""):
+            if "@sha256:" not in (ic.get("image") or "") or _ZERO_DIGEST.search(ic.get("image") or ""):
                 f.append(Finding(name, f"{tpath}.initContainers[{ii}].image", "image-digest",
-                                 f"init container {ic.get('name')!r} image is not pinned by digest"))
+                                 f"init container {ic.get('name')!r} image is not pinned by a real digest"))
         f += _ref_findings(name, tpath, t, inputs, wparams, tasks=None)
         if "dag" in t:
             f += _dag_findings(name, tpath, t, by_name, inputs, wparams)
+    return f
+
+
+def _volume_findings(name: str, base: str, volumes: Any) -> list[Finding]:
+    """A hostPath must be absolute: a node has no working directory to resolve a relative one against."""
+    f: list[Finding] = []
+    for vi, v in enumerate(volumes or []):
+        hp = (v.get("hostPath") or {}).get("path") if isinstance(v, dict) else None
+        if hp is not None and not str(hp).startswith("/"):
+            f.append(Finding(name, f"{base}[{vi}].hostPath.path", "hostpath-absolute",
+                             f"volume {v.get('name')!r} hostPath {hp!r} is relative: use the node's absolute path"))
     return f
 
 
@@ -363,6 +381,8 @@ def lint_paths(paths: Iterable[Path]) -> list[Finding]:
 def lint_profile(profile) -> list[Finding]:
     """Render the profile in memory and lint what it renders."""
     from workflows.render import render_documents
+    if profile.hardware.kind != "kubernetes":
+        return []           # validated on load; a local profile renders no Argo documents
     named: list[tuple[str, Any]] = []
     for fname, doc in render_documents(profile).items():
         for d in doc if isinstance(doc, list) else [doc]:

@@ -28,6 +28,7 @@ from params import Profile, profile_path
 from steps import STEPS
 from steps._evidence import now_iso, write_json_atomic
 from workflows.conditions import ExpressionError, eval_depends, eval_when, substitute
+from workflows.phase import dag_phase
 from workflows.graph import ENGINE_SEQUENCE, Dag, Graph, Task, build_graph
 
 __all__ = ["run_local", "Runner", "TaskResult", "output_default", "write_summary"]
@@ -112,19 +113,19 @@ class Runner:
         """Walk the main DAG, then the exit handler. Returns the workflow status."""
         try:
             with _sigterm_as_interrupt():
-                self._walk(self.graph.main, prefix="", inputs={})
+                phase = self._walk(self.graph.main, prefix="", inputs={})
         except (KeyboardInterrupt, Interrupted):
             self.interrupted = True
             self.say("interrupted: stopping; the exit handler still runs")
             self._mark_unreached(self.graph.main, "")
-        status = "Failed" if self.interrupted or any(r.phase == "Failed" for r in self.results) else "Succeeded"
+        # Argo: a stopped workflow fails; otherwise the main DAG's phase, judged by its leaves
+        status = "Failed" if self.interrupted else phase
         self._exit_handler(status)
         return status
 
     def _walk(self, dag: Dag, prefix: str, inputs: dict[str, str]) -> str:
         phases: dict[str, str] = {}
         outs: dict[str, str] = {}
-        failed = False
         for task in dag.tasks:
             scope = {"inputs": inputs, "outs": outs, "workflow": self._workflow_vars()}
             res = self._decide(task, prefix, phases, scope)
@@ -146,10 +147,10 @@ class Runner:
             phases[task.name] = res.phase
             if res.out:
                 outs[task.name] = res.out
-            failed = failed or res.phase == "Failed"
             if self.interrupted:
                 raise Interrupted()
-        return "Failed" if failed else "Succeeded"
+        # Argo judges a DAG by its leaf tasks, not by whether any task failed (workflows/phase.py)
+        return dag_phase({t.name: t.depends for t in dag.tasks}, phases)
 
     def _mark_unreached(self, dag: Dag, prefix: str) -> None:
         """After an interrupt: every task the walk never reached shows as Omitted, with why."""
@@ -402,6 +403,7 @@ def _run_id() -> str:
 def run_local(profile: Profile, args: argparse.Namespace) -> int:
     """`gauntlet run`: the whole graph for ``profile`` on this machine; 0 when no gate failed."""
     from steps._deploy_local import stop_all
+    from steps._janitor_local import clear_runner, mark_runner, sweep
 
     graph = build_graph(profile)
     run_id = getattr(args, "run_id", None) or _run_id()
@@ -416,8 +418,14 @@ def run_local(profile: Profile, args: argparse.Namespace) -> int:
     started = now_iso()
     runner = Runner(graph, profile_file, run_dir, params, gates=gates, **getattr(args, "runner_overrides", {}))
     runner.say(f"run {run_id}: profile {profile.name}, evidence in {run_dir}")
+    # the local janitor: engines of earlier runs whose runner was killed (kill -9) are stopped first
+    _, swept = sweep(run_dir.parent, run_dir / ".janitor", exclude=run_dir)
+    for name, what in swept["released"].items():
+        runner.say(f"janitor: run {name}'s runner is gone; stopped its engines {what['stopped']}")
+    mark_runner(run_dir)
     status = runner.run()
     stopped = stop_all(run_dir)
+    clear_runner(run_dir)
     if stopped:
         runner.say(f"stopped {len(stopped)} engine group(s) the gates left running: {stopped}")
     wall = time.monotonic() - runner.t0

@@ -1,9 +1,22 @@
 """Render a profile's gate graph into Argo documents with Hera (pure, offline).
 
 ``render_documents(profile)`` returns plain dicts: the WorkflowTemplate, the
-nightly CronWorkflow and the RBAC objects. ``render_profile`` writes them as
-YAML (sorted keys, so the output is byte-identical across runs). Submitting is
-a separate call (:mod:`workflows.submit`).
+nightly CronWorkflow, the RBAC objects, the profile's ConfigMap and the janitor's
+CronWorkflow. ``render_profile`` writes them as YAML (sorted keys, so the output
+is byte-identical across runs). Submitting is a separate call (:mod:`workflows.submit`).
+
+Only a ``hardware.kind: kubernetes`` profile renders: a local profile's paths and
+images mean nothing to a cluster (:class:`RenderError`).
+
+Every step pod reads the profile that was rendered, not whatever the step image
+carries: the validated profile and the pinned image list travel in a ConfigMap
+(``gauntlet-<profile>-profile``) mounted at :data:`PROFILE_DIR`, so
+``gauntlet render --profile path/to/mine.yaml`` renders documents that run.
+
+Evidence always stays on the runs PVC. The ``evidence`` output artifact is declared
+only when the profile names an artifact repository (``artifact_repository``:
+``default`` for the controller's default, or a ConfigMap name): without one Argo's
+wait container fails to save it and the node ends in Error.
 """
 
 from __future__ import annotations
@@ -20,15 +33,25 @@ from hera.workflows import models as m
 from params import load_images
 from params.loader import ImageRef
 from params.models import Profile
+from steps._evidence import UsageError
 from workflows.graph import ENGINE_SEQUENCE, Dag, Graph, build_graph
 from workflows.graph import Task as GTask
 
-__all__ = ["render_documents", "render_profile", "template_name", "cron_name", "RUN_LABEL", "TRANSIENT_EXIT"]
+__all__ = ["render_documents", "render_profile", "template_name", "cron_name", "janitor_name", "RenderError",
+           "RUN_LABEL", "TRANSIENT_EXIT", "PROFILE_DIR", "JANITOR_SCHEDULE", "JANITOR_GRACE"]
 
 RUN_LABEL = "gauntlet.dev/run"
 TRANSIENT_EXIT = 75
 ARGO_RUN_DIR = "/runs/{{workflow.uid}}"
 CODE_DIR = "/opt/gauntlet"          # where the step image keeps the project (app/ + deps/)
+PROFILE_DIR = "/etc/gauntlet/profile"   # the rendered profile's ConfigMap, in every step pod
+IMAGES_KEY = "images.yaml"              # the pinned image list beside it ($GAUNTLET_IMAGES)
+JANITOR_SCHEDULE = "*/5 * * * *"
+JANITOR_GRACE = "10m"
+
+
+class RenderError(UsageError):
+    """The profile cannot become Argo documents that run; one line saying why and what to do."""
 _REF = re.compile(r"\{\{\s*([^}]+?)\s*\}\}")
 
 
@@ -38,6 +61,14 @@ def template_name(profile: Profile) -> str:
 
 def cron_name(profile: Profile) -> str:
     return f"gauntlet-{profile.name}-nightly"
+
+
+def janitor_name() -> str:
+    return "gauntlet-janitor"
+
+
+def profile_configmap_name(profile: Profile) -> str:
+    return f"gauntlet-{profile.name}-profile"
 
 
 def _out_dir(dag: Dag, task: GTask) -> str:
@@ -82,6 +113,7 @@ def _volumes(profile: Profile) -> list[m.Volume]:
         m.Volume(name="model-cache-rw", host_path=m.HostPathVolumeSource(path=mdl.host_cache_path,
                                                                           type="DirectoryOrCreate")),
         m.Volume(name="gauntlet-code", empty_dir=m.EmptyDirVolumeSource()),
+        m.Volume(name="profile", config_map=m.ConfigMapVolumeSource(name=profile_configmap_name(profile))),
     ]
     if mdl.source_path:
         vols.append(m.Volume(name="model-source", host_path=m.HostPathVolumeSource(path=mdl.source_path,
@@ -91,7 +123,8 @@ def _volumes(profile: Profile) -> list[m.Volume]:
 
 def _mounts(profile: Profile, task: GTask) -> list[m.VolumeMount]:
     mdl = profile.model
-    mounts = [m.VolumeMount(name="runs", mount_path="/runs")]
+    mounts = [m.VolumeMount(name="runs", mount_path="/runs"),
+              m.VolumeMount(name="profile", mount_path=PROFILE_DIR, read_only=True)]
     if task.step in ("preflight", "nodes", "engine-check", "perf", "experiment"):
         mounts.append(m.VolumeMount(name="model-cache", mount_path=mdl.mount_path, read_only=True))
     if task.step == "prewarm":
@@ -121,21 +154,28 @@ def _env() -> list[m.EnvVar]:
         m.EnvVar(name="GAUNTLET_RESULTS_URI", value="{{workflow.parameters.results-uri}}"),
         m.EnvVar(name="NODE_NAME", value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="spec.nodeName"))),
         m.EnvVar(name="PYTHONUNBUFFERED", value="1"),
+        m.EnvVar(name="GAUNTLET_IMAGES", value=f"{PROFILE_DIR}/{IMAGES_KEY}"),
     ]
 
 
 def _retry() -> RetryStrategy:
     # Only a transient infrastructure error (exit 75) is retried; a failed verdict (exit 1) never is.
+    # No backoff.maxDuration: Argo v4 counts it from the FIRST attempt's start and makes it the next
+    # attempt's deadline (workflow/controller/operator.go processNodeRetries), so a step that exits 75
+    # after it would never be retried and a retry would be killed early. Each attempt is bounded by the
+    # template's activeDeadlineSeconds, the attempts by `limit`, the whole run by the workflow's deadline.
+    # The base wait is a workflow parameter: Argo substitutes global parameters into the template
+    # (retryStrategy included) before processNodeRetries parses it (common.ProcessArgs).
     return RetryStrategy(limit="3", retry_policy="Always",
                          expression=f"asInt(lastRetry.exitCode) == {TRANSIENT_EXIT}",
-                         backoff=m.Backoff(duration="30s", factor="2", max_duration="10m"))
+                         backoff=m.Backoff(duration="{{workflow.parameters.retry-backoff}}", factor="2"))
 
 
 def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GTask, name: str,
                dag_inputs: dict[str, str]) -> tuple[Container, dict[str, str]]:
     inputs: dict[str, str] = {}
     out = _out_dir(dag, task)
-    argv = ["step", task.step, "--profile", f"{CODE_DIR}/app/params/profiles/{profile.name}.yaml", "--out", out]
+    argv = ["step", task.step, "--profile", f"{PROFILE_DIR}/{profile.name}.yaml", "--out", out]
     argv += list(task.args)
     args = [_localize(a, inputs) for a in argv]
     image, in_engine = _step_image(images, task, dag_inputs)
@@ -144,7 +184,8 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
     for o in task.outputs:
         outputs.append(Parameter(name=o, value_from=m.ValueFrom(path=f"{_localize(out, {})}/outputs/{o}",
                                                                  default="false" if o.startswith("unlock") else "")))
-    outputs.append(Artifact(name="evidence", path=_localize(out, {}), optional=True))
+    if profile.artifact_repository is not None:
+        outputs.append(Artifact(name="evidence", path=_localize(out, {}), optional=True))
     env = _env()
     env_from = None
     if task.step in ("perf", "experiment", "regress", "report", "cleanup"):
@@ -215,8 +256,18 @@ def _dag(profile: Profile, images: dict[str, ImageRef], dag: Dag, prefix: str) -
 
 
 def _rbac(profile: Profile) -> list[dict[str, Any]]:
-    from steps._k8s.rbac import role_manifests
-    return role_manifests(profile.namespace, profile.service_account)
+    from steps._k8s.rbac import janitor_manifests, role_manifests
+    return role_manifests(profile.namespace, profile.service_account) + janitor_manifests(profile.namespace)
+
+
+def _profile_configmap(profile: Profile, images: dict[str, ImageRef]) -> dict[str, Any]:
+    """The validated profile and the pinned image list, as every step pod reads them (PROFILE_DIR)."""
+    pinned = {"images": {k: v.model_dump(mode="json") for k, v in sorted(images.items())}}
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": profile_configmap_name(profile), "namespace": profile.namespace,
+                         "labels": {"app.kubernetes.io/part-of": "gauntlet", "gauntlet.dev/profile": profile.name}},
+            "data": {f"{profile.name}.yaml": dump_yaml(profile.model_dump(mode="json")),
+                     IMAGES_KEY: dump_yaml(pinned)}}
 
 
 def _template(profile: Profile, graph: Graph, images: dict[str, ImageRef]) -> WorkflowTemplate:
@@ -250,7 +301,7 @@ def _template(profile: Profile, graph: Graph, images: dict[str, ImageRef]) -> Wo
         workflow_metadata=m.WorkflowMetadata(labels=labels),
         volumes=_volumes(profile),
         artifact_repository_ref=(m.ArtifactRepositoryRef(config_map=profile.artifact_repository)
-                                 if profile.artifact_repository else None),
+                                 if profile.artifact_repository not in (None, "default") else None),
     )
 
 
@@ -272,14 +323,56 @@ def _cron(profile: Profile, graph: Graph) -> CronWorkflow:
     )
 
 
+def _janitor(profile: Profile, images: dict[str, ImageRef]) -> CronWorkflow:
+    """Every few minutes: release what labelled runs left behind once their workflow is gone or long
+    finished (`argo terminate` skips the exit handler; a controller restart or a lost pod can too)."""
+    from steps._k8s.rbac import JANITOR_ACCOUNT
+    labels = {"app.kubernetes.io/part-of": "gauntlet"}
+    out = "/runs/janitor/{{workflow.name}}"
+    c = Container(
+        name="janitor", image=images[profile.step_image].ref, image_pull_policy="IfNotPresent",
+        command=["gauntlet"],
+        args=["step", "janitor", "--out", out, "--grace", "{{workflow.parameters.grace}}"],
+        env=[m.EnvVar(name="GAUNTLET_NAMESPACE", value="{{workflow.namespace}}"),
+             m.EnvVar(name="PYTHONUNBUFFERED", value="1")],
+        volume_mounts=[m.VolumeMount(name="runs", mount_path="/runs")],
+        resources=m.ResourceRequirements(requests={"cpu": m.Quantity("100m"), "memory": m.Quantity("256Mi")},
+                                         limits={"memory": m.Quantity("1Gi")}),
+        outputs=[Parameter(name="verdict", value_from=m.ValueFrom(path=f"{out}/outputs/verdict", default="error"))],
+        active_deadline_seconds=900,
+    )
+    return CronWorkflow(
+        name=janitor_name(), namespace=profile.namespace, labels=labels,
+        schedules=[JANITOR_SCHEDULE], concurrency_policy="Forbid", starting_deadline_seconds=300,
+        successful_jobs_history_limit=3, failed_jobs_history_limit=10,
+        entrypoint="janitor", templates=[c], service_account_name=JANITOR_ACCOUNT,
+        arguments=[Parameter(name="grace", value=JANITOR_GRACE,
+                             description="release a run's objects once its workflow finished this long ago")],
+        volumes=[m.Volume(name="runs", persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(
+            claim_name=profile.runs_pvc))],
+        pod_gc=m.PodGC(strategy="OnPodSuccess"),
+        ttl_strategy=m.TTLStrategy(seconds_after_success=3600, seconds_after_failure=7 * 86400),
+        workflow_metadata=m.WorkflowMetadata(labels={**labels, "gauntlet.dev/janitor": "true"}),
+    )
+
+
+def _refuse_unrunnable(profile: Profile) -> None:
+    if profile.hardware.kind != "kubernetes":
+        raise RenderError(f"profile {profile.name} has hardware.kind {profile.hardware.kind!r}: Argo documents "
+                          f"only for a kubernetes profile (run this one with `gauntlet run --profile {profile.name}`)")
+
+
 def render_documents(profile: Profile, images: dict[str, ImageRef] | None = None) -> dict[str, Any]:
-    """File name -> document (or list of documents) for one profile."""
+    """File name -> document (or list of documents) for one kubernetes profile; RenderError otherwise."""
+    _refuse_unrunnable(profile)
     images = load_images() if images is None else images
     graph = build_graph(profile)
     docs: dict[str, Any] = {
         f"{template_name(profile)}.workflowtemplate.yaml": _template(profile, graph, images).to_dict(),
         f"{cron_name(profile)}.cronworkflow.yaml": _cron(profile, graph).to_dict(),
         f"{template_name(profile)}.rbac.yaml": _rbac(profile),
+        f"{template_name(profile)}.profile.yaml": _profile_configmap(profile, images),
+        f"{janitor_name()}.cronworkflow.yaml": _janitor(profile, images).to_dict(),
     }
     return docs
 

@@ -1,7 +1,8 @@
 """Create or update the rendered templates on an Argo server (the one I/O half of rendering).
 
-``--dry-run`` prints the exact ``argo``/``kubectl`` commands instead. RBAC is
-applied with kubectl (Argo's API does not take RBAC objects).
+``--dry-run`` prints the exact ``argo``/``kubectl`` commands instead. RBAC and the
+profile's ConfigMap (what every step pod reads) are applied with kubectl: Argo's API
+takes neither. The janitor's CronWorkflow is created beside the nightly.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from params.models import Profile
 from steps._evidence import TransientError, UsageError
 from workflows.lint import lint_paths, print_findings
-from workflows.render import cron_name, render_profile, template_name
+from workflows.render import cron_name, janitor_name, render_profile, template_name
 
 __all__ = ["submit", "commands"]
 
@@ -24,11 +25,15 @@ def commands(profile: Profile, out: Path, namespace: str) -> list[str]:
     wt = out / f"{template_name(profile)}.workflowtemplate.yaml"
     cron = out / f"{cron_name(profile)}.cronworkflow.yaml"
     rbac = out / f"{template_name(profile)}.rbac.yaml"
+    config = out / f"{template_name(profile)}.profile.yaml"
+    janitor = out / f"{janitor_name()}.cronworkflow.yaml"
     ns = shlex.quote(namespace)
+    q = shlex.quote
     return [
-        f"kubectl apply --server-side --field-manager=gauntlet -n {ns} -f {shlex.quote(str(rbac))}",
-        f"argo template create -n {ns} {shlex.quote(str(wt))} || argo template update -n {ns} {shlex.quote(str(wt))}",
-        f"argo cron create -n {ns} {shlex.quote(str(cron))} || argo cron update -n {ns} {shlex.quote(str(cron))}",
+        f"kubectl apply --server-side --field-manager=gauntlet -n {ns} -f {q(str(rbac))} -f {q(str(config))}",
+        f"argo template create -n {ns} {q(str(wt))} || argo template update -n {ns} {q(str(wt))}",
+        f"argo cron create -n {ns} {q(str(cron))} || argo cron update -n {ns} {q(str(cron))}",
+        f"argo cron create -n {ns} {q(str(janitor))} || argo cron update -n {ns} {q(str(janitor))}",
         f"argo submit -n {ns} --from workflowtemplate/{template_name(profile)} -p engines=both --watch",
     ]
 
@@ -54,8 +59,10 @@ def submit(profile: Profile, args: argparse.Namespace) -> int:
                                        WorkflowTemplate, WorkflowTemplateCreateRequest,
                                        WorkflowTemplateUpdateRequest)
     svc = WorkflowsService(host=args.host, token=token, namespace=namespace, verify_ssl=args.verify_ssl)
+    by_name = {p.name: p for p in paths}
     wt = WorkflowTemplate.model_validate(yaml.safe_load(paths[0].read_text()))
-    cron = CronWorkflow.model_validate(yaml.safe_load(paths[1].read_text()))
+    crons = [CronWorkflow.model_validate(yaml.safe_load(by_name[f"{n}.cronworkflow.yaml"].read_text()))
+             for n in (cron_name(profile), janitor_name())]
 
     def create_or_update(kind, obj, create, get, update):
         try:
@@ -73,16 +80,18 @@ def submit(profile: Profile, args: argparse.Namespace) -> int:
             lambda: svc.get_workflow_template(wt.metadata.name, namespace=namespace),
             lambda: svc.update_workflow_template(wt.metadata.name, WorkflowTemplateUpdateRequest(template=wt),
                                                  namespace=namespace))
-        create_or_update(
-            "cronworkflow", cron,
-            lambda: svc.create_cron_workflow(CreateCronWorkflowRequest(cron_workflow=cron), namespace=namespace),
-            lambda: svc.get_cron_workflow(cron.metadata.name, namespace=namespace),
-            lambda: svc.update_cron_workflow(cron.metadata.name, UpdateCronWorkflowRequest(cron_workflow=cron),
-                                             namespace=namespace))
+        for cron in crons:
+            create_or_update(
+                "cronworkflow", cron,
+                lambda c=cron: svc.create_cron_workflow(CreateCronWorkflowRequest(cron_workflow=c),
+                                                        namespace=namespace),
+                lambda c=cron: svc.get_cron_workflow(c.metadata.name, namespace=namespace),
+                lambda c=cron: svc.update_cron_workflow(c.metadata.name, UpdateCronWorkflowRequest(cron_workflow=c),
+                                                        namespace=namespace))
     except HeraException as exc:
         raise UsageError(f"submit: Argo refused: {str(exc).splitlines()[0]}") from None
     except OSError as exc:
         raise TransientError(f"submit: cannot reach {args.host}: {exc}") from None
-    print(f"RBAC is not applied through Argo: {commands(profile, out, namespace)[0]}")
+    print(f"RBAC and the profile's ConfigMap are not applied through Argo: {commands(profile, out, namespace)[0]}")
     print(f"start a run: {commands(profile, out, namespace)[-1]}")
     return 0

@@ -36,6 +36,7 @@ class Api:
     apps: Any
     batch: Any
     client: Any
+    custom: Any = None          # CustomObjectsApi: Argo's workflows (the janitor)
 
 
 def connect() -> Api:
@@ -58,7 +59,7 @@ def connect() -> Api:
                              "run inside the cluster or set GAUNTLET_KUBE_API") from None
         api_client = client.ApiClient()
     return Api(client.CoreV1Api(api_client), client.AppsV1Api(api_client), client.BatchV1Api(api_client),
-               api_client)
+               api_client, client.CustomObjectsApi(api_client))
 
 
 def call(fn: Any, *args: Any, **kwargs: Any) -> Any:

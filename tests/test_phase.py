@@ -1,0 +1,62 @@
+"""A DAG's phase as Argo's assessDAGPhase judges it (v4.0.5 workflow/controller/dag.go), on our graphs."""
+
+from __future__ import annotations
+
+import pytest
+
+from params import load_profile
+from workflows.graph import build_graph
+from workflows.phase import dag_phase, targets
+
+
+def tasks_of(profile: str, dag: str = "main") -> dict[str, str | None]:
+    g = build_graph(load_profile(profile))
+    return {t.name: t.depends for t in g.dag(dag).tasks}
+
+
+def all_ok(tasks: dict[str, str | None]) -> dict[str, str]:
+    return {n: "Succeeded" for n in tasks}
+
+
+@pytest.mark.parametrize("profile", ["kimi-k3-h20", "local-cpu"])
+def test_the_main_dag_is_judged_by_report_alone(profile):
+    assert targets(tasks_of(profile)) == ["report"]
+    assert targets(tasks_of(profile, "engine-sequence")) == ["teardown"]
+
+
+def test_a_failed_regress_with_a_passing_report_is_green_to_argo():
+    """The defect: report runs on regress.Failed, it is the only leaf, so the DAG Succeeds."""
+    t = tasks_of("kimi-k3-h20")
+    assert dag_phase(t, {**all_ok(t), "regress": "Failed"}) == "Succeeded"
+    assert dag_phase(t, {**all_ok(t), "regress": "Failed", "report": "Failed"}) == "Failed"
+
+
+def test_an_early_failure_fails_through_the_omitted_leaf():
+    t = tasks_of("kimi-k3-h20")
+    phases = {n: "Omitted" for n in t}
+    phases.update({"prewarm-0": "Skipped", "prewarm-1": "Skipped", "preflight-0": "Failed",
+                   "preflight-1": "Succeeded"})
+    assert dag_phase(t, phases) == "Failed"
+
+
+def test_skipped_tasks_inherit_success():
+    t = tasks_of("kimi-k3-h20")
+    phases = {**all_ok(t), "prewarm-0": "Skipped", "prewarm-1": "Skipped", "vllm": "Skipped",
+              "engine-check-vllm": "Skipped"}
+    assert dag_phase(t, phases) == "Succeeded"
+
+
+def test_a_failed_branch_wins_over_a_succeeded_one_at_the_same_leaf():
+    t = {"a": None, "b": None, "leaf": "a.Succeeded && b.Succeeded"}
+    assert dag_phase(t, {"a": "Succeeded", "b": "Failed", "leaf": "Omitted"}) == "Failed"
+    assert dag_phase(t, {"a": "Succeeded", "b": "Succeeded", "leaf": "Succeeded"}) == "Succeeded"
+
+
+def test_target_overrides_leaves():
+    t = {"a": None, "b": "a.Succeeded || a.Failed"}
+    assert dag_phase(t, {"a": "Failed", "b": "Succeeded"}) == "Succeeded"
+    assert dag_phase(t, {"a": "Failed", "b": "Succeeded"}, target="a b") == "Failed"
+
+
+def test_error_is_kept():
+    assert dag_phase({"a": None}, {"a": "Error"}) == "Error"
