@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import socket
 import subprocess
 from datetime import datetime, UTC
 from pathlib import Path
@@ -32,6 +33,13 @@ def topology(profile: Profile, spec: EngineSpec) -> str:
     a = spec.args
     nodes = max(1, len(profile.hardware.nodes))
     return f"tp{a.tp_size}-ep{a.ep_size or 1}-dp{a.dp_size or 1}-nodes{nodes}"
+
+
+def nodes(profile: Profile) -> str:
+    """The machines the engine ran on: the profile's pool nodes on a cluster, this host locally."""
+    if profile.hardware.nodes:
+        return ",".join(sorted(n.name for n in profile.hardware.nodes))
+    return socket.gethostname()
 
 
 def git_rev() -> str:
@@ -98,6 +106,7 @@ def run_meta(out: Path, profile: Profile, engine: str, *, spec: EngineSpec | Non
         "model_fingerprint": model_fingerprint(run_dir, profile),
         "git_rev": git_rev(),
         "topology": topology(profile, spec),
+        "nodes": nodes(profile),
         "context_length": spec.args.context_length,
         "experiment": experiment,
     }

@@ -42,7 +42,7 @@ HELP = "Nightly: label each case metric ok / regressed / improved / insufficient
 NEEDS_PROFILE = True
 
 __all__ = ["Rule", "Label", "METRICS", "judge_metric", "judge", "nightly_medians", "run", "DEFAULT_RULE",
-           "suspect_cases", "FAILING", "PASSING"]
+           "suspect_cases", "FAILING", "PASSING", "origin", "PROVENANCE"]
 
 # metric -> (direction: +1 higher is better, -1 lower is better, relative floor)
 METRICS: dict[str, tuple[int, float]] = {
@@ -53,6 +53,8 @@ METRICS: dict[str, tuple[int, float]] = {
     "p99_e2el_ms": (-1, 0.15),
 }
 SIGMA_PER_MAD = 1.4826
+# what a regressed label compares between the last good and the first bad night
+PROVENANCE = ("image_digest", "args_hash", "model_fingerprint", "git_rev", "nodes")
 
 
 FAILING = ("regressed",)
@@ -88,6 +90,7 @@ class Label:
     confirm_threshold: float | None = None
     confirm_change_rel: float | None = None
     confirm_rounds: int = 0
+    origin: dict[str, Any] | None = None    # regressed only: last good / first bad night and what differed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,6 +158,34 @@ def judge(current: Mapping[tuple[str, str], Mapping[str, float | None]],
     return out
 
 
+def origin(nights: Sequence[tuple[str, Mapping[str, Any], float | None]], current: tuple[str, Mapping[str, Any]],
+           lb: Label, direction: int) -> dict[str, Any]:
+    """Where a regression came from (pure): ``nights`` are the history's (run id, metadata, value), oldest
+    first. The first bad night is the earliest of the unbroken run of nights, ending with this one, that
+    are worse than the centre by more than the label's threshold; the last good night is the one before it.
+    """
+    def bad(v: float | None) -> bool:
+        return v is not None and lb.centre is not None and lb.threshold is not None and \
+            (lb.centre - v) * direction > lb.threshold
+
+    first_bad: tuple[str, Mapping[str, Any]] = current
+    last_good: tuple[str, Mapping[str, Any]] | None = None
+    for run_id, meta, value in reversed(list(nights)):
+        if bad(value):
+            first_bad = (run_id, meta)
+            continue
+        last_good = (run_id, meta)
+        break
+    differed = {} if last_good is None else {
+        k: {"last_good": last_good[1].get(k), "first_bad": first_bad[1].get(k)}
+        for k in PROVENANCE if last_good[1].get(k) != first_bad[1].get(k)}
+
+    def night(n: tuple[str, Mapping[str, Any]] | None) -> dict[str, Any] | None:
+        return None if n is None else {"run_id": n[0], "timestamp": n[1].get("timestamp"),
+                                       **{k: n[1].get(k) for k in PROVENANCE}}
+    return {"last_good": night(last_good), "first_bad": night(first_bad), "differed": differed}
+
+
 def suspect_cases(labels: Iterable[Label]) -> list[tuple[str, str]]:
     """The (engine, case) pairs a confirmation should measure again: suspected and not yet confirmed."""
     return sorted({(lb.engine, lb.case) for lb in labels if lb.suspected and not lb.confirm_rounds})
@@ -205,6 +236,11 @@ def _detail(lb: Label, rule: Rule) -> str:
                  f"({lb.confirm_change_rel:+.1%}; threshold ±{lb.confirm_threshold:.3g})")
     elif lb.suspected:
         text += "; suspected, no confirmation rounds: judged on the single-night band"
+    if lb.origin and lb.origin.get("last_good"):
+        o = lb.origin
+        what = ", ".join(f"{k} {v['last_good']} -> {v['first_bad']}" for k, v in o["differed"].items())
+        text += (f"; last good night {o['last_good']['run_id']}, first bad {o['first_bad']['run_id']}: "
+                 f"{what or 'same image, args, model, revision and nodes'}")
     return f"{lb.label}: {text}"
 
 
@@ -245,6 +281,7 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
                 counts[(r["engine"], r["case"])] = counts.get((r["engine"], r["case"]), 0) + 1
         confirm = {key: (vals, counts[key]) for key, vals in medians.items()}
     labels = judge(current, history, rule, confirm=confirm, night_rounds=profile.bench.rounds)
+    labels = [_with_origin(lb, past, mine, rule) if lb.label in FAILING else lb for lb in labels]
     checks = []
     for lb in labels:
         status = "fail" if stage == "final" and lb.label in FAILING else "pass"
@@ -260,6 +297,24 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
                "suspect_cases": ",".join(sorted({case for _, case in suspects}))}
     return checks, {"outputs": outputs, "labels": doc["labels"], "rule": asdict(rule), "run_id": run_id,
                     "stage": stage, "rounds": doc["rounds"]}
+
+
+def _night_meta(rows: Iterable[Mapping[str, Any]], key: tuple[str, str]) -> dict[str, dict[str, Any]]:
+    """run id -> that night's metadata for one (engine, case): its latest round's columns."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r.get("timestamp") or ""):
+        if (r["engine"], r["case"]) == key:
+            out[r["run_id"]] = {k: r.get(k) for k in ("timestamp", *PROVENANCE)}
+    return out
+
+
+def _with_origin(lb: Label, past: list[Mapping[str, Any]], mine: list[Mapping[str, Any]], rule: Rule) -> Label:
+    key = (lb.engine, lb.case)
+    meta = _night_meta(past, key)
+    values = nightly_medians([r for r in past if (r["engine"], r["case"]) == key], [lb.metric])
+    nights = [(rid, meta[rid], v[key][lb.metric]) for rid, v in values.items() if key in v][-rule.window:]
+    run_id = mine[0]["run_id"]
+    return replace(lb, origin=origin(nights, (run_id, _night_meta(mine, key)[run_id]), lb, METRICS[lb.metric][0]))
 
 
 def _rounds_by_case(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:

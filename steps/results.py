@@ -35,7 +35,7 @@ _META = [
     ("run_id", pa.string()), ("profile", pa.string()), ("engine", pa.string()), ("date", pa.string()),
     ("timestamp", pa.string()), ("client", pa.string()), ("client_version", pa.string()),
     ("image", pa.string()), ("image_digest", pa.string()), ("args_hash", pa.string()),
-    ("model_fingerprint", pa.string()), ("git_rev", pa.string()), ("topology", pa.string()),
+    ("model_fingerprint", pa.string()), ("git_rev", pa.string()), ("topology", pa.string()), ("nodes", pa.string()),
     ("context_length", pa.int64()), ("experiment", pa.string()), ("phase", pa.string()),
     ("case", pa.string()), ("input_len", pa.int64()), ("output_len", pa.int64()), ("concurrency", pa.int64()),
     ("prefix_len", pa.int64()), ("round", pa.int64()), ("valid", pa.bool_()), ("invalid_reason", pa.string()),

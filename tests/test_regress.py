@@ -205,3 +205,34 @@ def test_confirmation_runs_only_on_a_suspicion_and_never_holds_longctx_back(susp
     assert str(DEFAULT_RULE.confirm_rounds) in confirm.args
     assert seq.task("suspect").step == "regress" and "suspect" in seq.task("suspect").args
     assert eval_depends(longctx.depends, {"confirm": "Succeeded" if runs else "Skipped"})
+
+
+# ---- where the change came from --------------------------------------------------
+
+def _night_rows(i, value, digest, rev="abc"):
+    return [dict(run_id=f"night{i:02d}", profile="local-cpu", engine="vllm", date=f"2026-11-{i + 1:02d}",
+                 timestamp=f"2026-11-{i + 1:02d}T02:00:00", client="vllm-bench-serve", args_hash="h",
+                 experiment="baseline", phase="measure", case="c2-128-32", round=r + 1, valid=True,
+                 image_digest=digest, model_fingerprint="fp", git_rev=rev, nodes="node-a",
+                 output_throughput=value * (1 + 0.002 * (r - 1)), request_throughput=value / 32, p99_ttft_ms=300.0,
+                 p99_tpot_ms=40.0, p99_e2el_ms=1500.0) for r in range(3)]
+
+
+@pytest.mark.parametrize("bad_before", [0, 1])
+def test_regressed_label_names_last_good_first_bad_and_what_differed(tmp_path, bad_before):
+    rng = random.Random(3)
+    good = 10 - bad_before
+    rows = [r for i in range(good) for r in _night_rows(i, 50.0 * (1 + rng.uniform(-0.01, 0.01)), "sha256:aaa")]
+    # the new image lands on night `good`; with bad_before=1 it already ran (suspected, unconfirmed) a night ago
+    rows += [r for i in range(good, 11) for r in _night_rows(i, 40.0, "sha256:bbb", rev="def")]
+    append_rounds(rows, tmp_path / "store")
+    checks, metrics = run(_args(tmp_path, "night10"), tmp_path / "out")
+    lb = next(x for x in metrics["labels"] if x["metric"] == "output_throughput")
+    assert lb["label"] == "regressed"
+    o = lb["origin"]
+    assert o["last_good"]["run_id"] == f"night{good - 1:02d}" and o["first_bad"]["run_id"] == f"night{good:02d}"
+    assert o["differed"] == {"image_digest": {"last_good": "sha256:aaa", "first_bad": "sha256:bbb"},
+                             "git_rev": {"last_good": "abc", "first_bad": "def"}}
+    detail = next(c.detail for c in checks if c.name == "vllm/c2-128-32/output_throughput")
+    assert f"first bad night{good:02d}" in detail and "image_digest sha256:aaa -> sha256:bbb" in detail
+    assert all(x["origin"] is None for x in metrics["labels"] if x["label"] != "regressed")

@@ -150,3 +150,18 @@ def test_report_shows_each_phase_and_the_confirmation(tmp_path):
     assert reg.count("| vllm | c2-128-32 | output_throughput |") == 1 and "**unconfirmed**" in reg
     assert "76.50 (6) | -0.7% |" in reg
     assert "night 69.00, 70.00, 71.50; confirmation 76.10, 76.20, 76.30, 76.40, 76.50, 76.60." in reg
+
+
+def test_report_names_where_a_regression_came_from(tmp_path):
+    run = _run_dir(tmp_path)
+    origin = {"last_good": {"run_id": "n12", "timestamp": "2026-11-30T02:00:00"},
+              "first_bad": {"run_id": "n13", "timestamp": "2026-12-01T02:00:00"},
+              "differed": {"image_digest": {"last_good": "sha256:aaa", "first_bad": "sha256:bbb"}}}
+    Verdict.of("regress", now_iso(), [Check("vllm/c2-128-32/output_throughput", "fail", detail="regressed")],
+               {"stage": "final", "labels": [{"engine": "vllm", "case": "c2-128-32", "metric": "output_throughput",
+                                              "label": "regressed", "value": 70.0, "centre": 77.0, "threshold": 2.3,
+                                              "change_rel": -0.09, "nights": 14, "origin": origin}]}
+               ).write(run / "regress")
+    reg = write_report(run, []).read_text().split("## Nightly regression")[1]
+    assert ("last good night n12 (2026-11-30T02:00:00), first bad night n13 (2026-12-01T02:00:00); "
+            "image_digest: `sha256:aaa` → `sha256:bbb`.") in reg
