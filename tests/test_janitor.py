@@ -17,7 +17,7 @@ from k8s_double import K8sDouble
 
 from params import load_images, load_profile
 from steps import _cleanup_k8s, _janitor_k8s, janitor
-from steps._deploy_local import LABEL_DIR, find_labelled
+from steps._deploy_local import LABEL_DIR, find_labelled, stop_all
 from steps._evidence import UsageError
 from steps._janitor_local import MARK, mark_runner, runner_alive
 from steps._k8s import manifests as M
@@ -221,3 +221,52 @@ def test_runner_mark_survives_pid_reuse(tmp_path):
     data = json.loads((tmp_path / MARK).read_text())
     (tmp_path / MARK).write_text(json.dumps({**data, "start_ticks": data["start_ticks"] - 1}))
     assert not runner_alive(tmp_path)                                  # same pid, another process
+
+
+RUNNER = """
+import os, sys
+from pathlib import Path
+tests, repo = sys.argv[2], sys.argv[3]
+sys.path[:0] = [tests, os.path.join(tests, "fakes"), repo]
+from test_runner import PROFILE, fake_graph
+from steps._janitor_local import mark_runner
+from workflows.local import Runner
+run_dir = Path(sys.argv[1])
+run_dir.mkdir(parents=True)
+mods = {n: "steps.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown", "cleanup")}
+env = {"PYTHONPATH": os.pathsep.join([os.path.join(tests, "fakes"), repo]), "FAKE_SLOW": "perf"}
+runner = Runner(fake_graph(None), PROFILE, run_dir, {"engines": "vllm", "run-dir": str(run_dir)}, cli="fake_cli",
+                steps=mods, cwd=Path(repo), env=env)
+mark_runner(run_dir)          # what run_local does before it walks the graph
+runner.run()
+"""
+
+
+def test_runner_killed_with_sigkill_then_the_local_janitor_leaves_nothing(tmp_path):
+    """kill -9 of the runner during perf: the exit handler never runs, the engine outlives it; the janitor stops it."""
+    tests = Path(__file__).resolve().parent
+    runs_dir = (tmp_path / "runs").resolve()
+    run_dir = runs_dir / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(run_dir), str(tests), str(tests.parent)],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not ((run_dir / "vllm" / "perf").is_dir() and find_labelled(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        engines = find_labelled(run_dir)
+        assert engines, "the fake engine never came up"
+        os.kill(proc.pid, signal.SIGKILL)                               # the runner, not its group
+        proc.wait()
+        time.sleep(0.5)
+        assert find_labelled(run_dir) == engines                         # nobody cleaned up
+        r = subprocess.run([sys.executable, "-m", "workflows.cli", "janitor", "--local", "--runs-dir", str(runs_dir)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert find_labelled(run_dir) == {}
+        assert "runner is gone" in r.stdout
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)                          # the orphaned perf step
+        except ProcessLookupError:
+            pass
+        stop_all(run_dir)                                                # nothing outlives a failed test
