@@ -60,3 +60,22 @@ def test_target_overrides_leaves():
 
 def test_error_is_kept():
     assert dag_phase({"a": None}, {"a": "Error"}) == "Error"
+
+
+def test_the_local_runner_judges_the_workflow_as_argo_does(tmp_path):
+    """A failed task whose dependent (the leaf) succeeded: Argo says Succeeded, and so does `gauntlet run`;
+    the nightly is Failed only because its report fails on the regression (steps/report_step.py)."""
+    from test_runner import make_runner
+
+    from workflows.graph import Dag, Graph, Task
+
+    def graph(report_step: str) -> Graph:
+        main = Dag("main", (Task("regress", step="fake-fail", gate="report"),
+                            Task("report", step=report_step, gate="report",
+                                 depends="regress.Succeeded || regress.Failed")))
+        return Graph("t", main, (), Task("cleanup", step="cleanup", gate="exit"), {})
+
+    passing = make_runner(tmp_path / "a", graph("fake-pass"))
+    assert passing.run() == "Succeeded"
+    assert {r.name: r.phase for r in passing.results}["regress"] == "Failed"
+    assert make_runner(tmp_path / "b", graph("fake-fail")).run() == "Failed"
