@@ -170,6 +170,8 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
             "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
+            # the "kubernetes" Service endpoints may not be a loopback address; nothing in the box uses them
+            "--endpoint-reconciler-type=none",
         ])
         self._wait(lambda: self._ready("/readyz"), api, t0 + timeout_s, "kube-apiserver /readyz")
         self._write_kubeconfig()
