@@ -199,7 +199,9 @@ def test_failing_gate_stops_later_gates_and_exit_handler_runs(tmp_path: Path) ->
     # the exit handler saw the failure and stopped the engine the omitted teardown left behind
     cv = json.loads((r.run_dir / "cleanup" / "verdict.json").read_text())
     assert cv["metrics"]["workflow_status"] == "Failed"
-    assert [f["displayName"] for f in cv["metrics"]["failures"]] == ["smoke"]
+    # every failed node, as Argo lists them: the attempt, the retry node, the sequence, the workflow's root
+    assert sorted(f["displayName"] for f in cv["metrics"]["failures"]) == sorted(
+        ["smoke(0)", "smoke", "vllm", r._workflow_vars()["name"]])
     assert len(cv["metrics"]["stopped"]) == 1
     pgid = cv["metrics"]["stopped"][0]["pgid"]
     assert group_members(pgid) == []

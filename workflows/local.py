@@ -29,7 +29,7 @@ from steps import STEPS
 from steps._evidence import now_iso, write_json_atomic
 from workflows.conditions import ExpressionError, eval_depends, eval_when, substitute
 from workflows.phase import dag_phase
-from workflows.graph import ENGINE_SEQUENCE, Dag, Graph, Task, build_graph
+from workflows.graph import ENGINE_SEQUENCE, RETRY_LIMIT, TRANSIENT_EXIT, Dag, Graph, Task, build_graph
 
 __all__ = ["run_local", "Runner", "TaskResult", "output_default", "write_summary"]
 
@@ -59,6 +59,7 @@ class TaskResult:
     failed_checks: list[dict[str, Any]] = field(default_factory=list)
     skipped_checks: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    attempts: list[int] = field(default_factory=list)   # exit code of each attempt (Argo retries exit 75)
 
 
 class Interrupted(Exception):
@@ -71,8 +72,10 @@ class Runner:
     def __init__(self, graph: Graph, profile_file: Path, run_dir: Path, parameters: dict[str, str], *,
                  python: str = sys.executable, cli: str = "workflows.cli", steps: dict[str, str] | None = None,
                  gates: set[str] | None = None, stream=sys.stdout, cwd: Path | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, run_cluster_only: bool = False):
         self.graph, self.profile_file, self.run_dir = graph, profile_file, run_dir
+        # the conformance tests walk a cluster profile's graph locally with every step played
+        self.run_cluster_only = run_cluster_only
         self.params = parameters
         self.python, self.cli, self.steps, self.gates, self.stream = python, cli, steps or STEPS, gates, stream
         self.cwd, self.env = cwd, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -173,7 +176,7 @@ class Runner:
             self.say(f"{task.gate} {prefix}{task.name}: {phase.lower()} ({reason})")
             return r
 
-        if task.cluster_only:
+        if task.cluster_only and not self.run_cluster_only:
             return skip("Skipped", "cluster-only task: the local back end has no such resource")
         try:
             if not eval_depends(task.depends, phases):
@@ -217,7 +220,17 @@ class Runner:
         out.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
         try:
-            res.exit_code = self._spawn(res.command, out / "step.log", task.timeout_s or DEFAULT_TIMEOUT_S, path)
+            # Argo's retryStrategy, as rendered: only exit 75 is retried, RETRY_LIMIT times, after a backoff
+            for attempt in range(RETRY_LIMIT + 1):
+                log = out / ("step.log" if attempt == 0 else f"step.{attempt}.log")
+                res.exit_code = self._spawn(res.command, log, task.timeout_s or DEFAULT_TIMEOUT_S, path)
+                res.attempts.append(res.exit_code)
+                if res.exit_code != TRANSIENT_EXIT or attempt == RETRY_LIMIT:
+                    break
+                wait = self._backoff_s(attempt)
+                self.say(f"{task.gate} {path}: exit {TRANSIENT_EXIT} (transient), retry {attempt + 1}/"
+                         f"{RETRY_LIMIT} in {wait:.0f}s")
+                time.sleep(wait)
         except BaseException:
             res.reason = "interrupted (Ctrl-C or SIGTERM); the step was stopped"
             res.verdict = _read_verdict(out)[0]
@@ -233,6 +246,10 @@ class Runner:
         self.say(f"{task.gate} {path}: {res.phase.upper()} verdict={res.verdict or '-'} ({res.duration_s:.1f}s)"
                  + (f" - {res.reason}" if res.reason else ""))
         return res
+
+    def _backoff_s(self, attempt: int) -> float:
+        """Argo's backoff before retry ``attempt + 1``: duration * factor**attempt (factor 2)."""
+        return _duration_s(self.params.get("retry-backoff") or "30s") * 2 ** attempt
 
     def _spawn(self, cmd: list[str], log: Path, timeout_s: float, label: str) -> int:
         """Run one step; Ctrl-C reaches it (same process group), the runner waits for it to clean up."""
@@ -261,10 +278,8 @@ class Runner:
 
     def _exit_handler(self, status: str) -> None:
         task = self.graph.exit_handler
-        failed = [r for r in self.results if r.phase == "Failed" and r.step]
-        failures = json.dumps([{"displayName": r.name, "templateName": r.step, "phase": "Failed",
-                                "message": r.reason, "path": r.path} for r in failed]) if failed else "null"
-        wf = {**self._workflow_vars(), "status": status, "failures": failures}
+        wf = {**self._workflow_vars(), "status": status}
+        wf["failures"] = argo_failures(self.results, wf["name"], status)
         scope = {"inputs": {}, "outs": {}, "workflow": wf}
         # Ctrl-C again must not cut the cleanup short: ignore it in the runner while cleanup runs
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -274,6 +289,41 @@ class Runner:
             self.say(f"exit handler: {type(exc).__name__}: {exc}")
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def argo_failures(results: list[TaskResult], workflow: str, status: str) -> str:
+    """{{workflow.failures}} exactly as Argo's controller substitutes it (v4.0.5 operator.go).
+
+    Every Failed/Error node, as JSON, quoted once more with strconv.Quote: each failed attempt of a
+    step (``name(i)``), the step's retry node (``name``), each failed DAG (an engine sequence, and
+    the workflow's own root DAG, named after the workflow); nothing failed gives ``"null"``.
+    """
+    nodes: list[dict[str, str]] = []
+
+    def node(name: str, template: str, message: str) -> None:
+        nodes.append({"displayName": name, "message": message, "templateName": template, "phase": "Failed",
+                      "podName": "", "finishedAt": now_iso()})
+
+    for r in results:
+        if r.step:
+            for i, code in enumerate(r.attempts):
+                if code != 0:
+                    node(f"{r.name}({i})", r.step, f"exit code {code}")
+        if r.phase == "Failed":
+            node(r.name, r.step or ENGINE_SEQUENCE, r.reason)
+    if status == "Failed":
+        node(workflow, "main", "child failed")
+    return json.dumps(json.dumps(nodes) if nodes else "null", ensure_ascii=False)
+
+
+def _duration_s(text: str) -> float:
+    """An Argo duration string ("30s", "2m", "1h", or plain seconds) in seconds."""
+    text = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        return 30.0
 
 
 def _sigint_default() -> None:

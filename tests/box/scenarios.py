@@ -85,7 +85,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                      "sglang/teardown": "Omitted", "sglang": "Failed", "cleanup": "Succeeded"}),
     Scenario("nightly-regression", nightly=True, plays={"regress": [FAIL]}, expect_phase="Failed",
              expect={"regress": "Failed", "report": "Succeeded", "cleanup": "Succeeded"}),
-    Scenario("stop-mid-run", plays={"sglang/perf": [{"exit": 0, "after_s": 120}]}, stop_after="sglang/perf",
+    Scenario("stop-mid-run", plays={"sglang/perf": [{"exit": 0, "after_s": 25}]}, stop_after="sglang/perf",
              expect_phase="Failed", expect={"sglang/deploy": "Succeeded", "cleanup": "Succeeded"}),
 )
 
@@ -142,10 +142,10 @@ class BoxSession:
         box.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                    "metadata": {"name": self.profile.runs_pvc, "namespace": self.ns},
                    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
-        for name, doc in self.docs.items():
+        for _name, doc in self.docs.items():
             for d in doc if isinstance(doc, list) else [doc]:
                 box.apply(d)
-        for node, root in self.node_roots.items():
+        for _node, root in self.node_roots.items():
             cache = root / self.profile.model.host_cache_path.lstrip("/")
             if not (cache / self.profile.model.marker).is_file():
                 synth_from_profile(self.profile, cache, sparse=True)
