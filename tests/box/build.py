@@ -185,4 +185,4 @@ if __name__ == "__main__":
         print(f"BuildError: {exc}", file=sys.stderr)
         sys.exit(1)
     print(f"box binaries in {b.bin_dir} (Kubernetes {b.kubernetes_version}, Argo {b.argo_version}; "
-          f"{'built in %.0fs' % b.built_s if b.built_s else 'already built'})")
+          f"{f'built in {b.built_s:.0f}s' if b.built_s else 'already built'})")
