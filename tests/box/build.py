@@ -91,7 +91,7 @@ def _required(mod: str, module: str) -> str:
 
 
 def _run(cmd: list[str], cwd: Path, log: Path) -> None:
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+    env = {**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false"}
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}  (in {cwd})\n")
         fh.flush()
@@ -105,7 +105,7 @@ def _run(cmd: list[str], cwd: Path, log: Path) -> None:
 def _module_dir(go: str, module: str, cwd: Path, log: Path) -> Path:
     _run([go, "mod", "download", module], cwd, log)
     r = subprocess.run([go, "list", "-m", "-f", "{{.Dir}}", module], cwd=cwd, capture_output=True, text=True,
-                       env={**os.environ, "GOFLAGS": "-mod=mod"})
+                       env={**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false"})
     if r.returncode or not r.stdout.strip():
         raise BuildError(f"{module} not in the module cache: {r.stderr.strip()}")
     return Path(r.stdout.strip())
@@ -163,9 +163,9 @@ def ensure_built(verbose: bool = False) -> Binaries:
     for mod, targets in MODULES.items():
         if verbose:
             print(f"box: building {', '.join(n for n, _ in targets)} (tests/box/{mod})", file=sys.stderr, flush=True)
-        extra = [f"-modfile={_argo_modfile(argo_dir, root, argo_v)}"] if mod == "argo" else []
-        _run([go, "build", "-trimpath", *extra, "-o", str(work / "bin") + "/", *[p for _, p in targets]],
-             HERE / mod, log)
+        # Argo builds from the box cache's copy of its module: -trimpath keeps that path out of the binaries
+        extra = ["-trimpath", f"-modfile={_argo_modfile(argo_dir, root, argo_v)}"] if mod == "argo" else []
+        _run([go, "build", *extra, "-o", str(work / "bin") + "/", *[p for _, p in targets]], HERE / mod, log)
     # Argo's CRDs come from the very module version the controller was built from.
     src = argo_dir / "manifests" / "base" / "crds" / "full"
     if not src.is_dir():
