@@ -236,3 +236,51 @@ def test_regressed_label_names_last_good_first_bad_and_what_differed(tmp_path, b
     detail = next(c.detail for c in checks if c.name == "vllm/c2-128-32/output_throughput")
     assert f"first bad night{good:02d}" in detail and "image_digest sha256:aaa -> sha256:bbb" in detail
     assert all(x["origin"] is None for x in metrics["labels"] if x["label"] != "regressed")
+
+
+# ---- real engine: suspect, confirm, label ------------------------------------------------
+
+@pytest.mark.engine
+def test_confirm_before_alarm_real_engine(tmp_path, endpoint):
+    """A history twice as fast as this engine: the suspect stage names the case, perf --phase confirm
+    measures it again on the real engine, and the final stage labels it regressed with both sets of rounds."""
+    import json
+
+    import yaml
+
+    from params import profile_path
+    from steps.results import read_rounds
+    from workflows.cli import main as gauntlet
+
+    doc = yaml.safe_load(profile_path("local-cpu").read_text())
+    doc["bench"].update(warmup_prompts=1, prompts_per_concurrency=1)
+    doc["bench"]["cases"] = [dict(doc["bench"]["cases"][0], output_len=8)]
+    prof = tmp_path / "local-small.yaml"
+    prof.write_text(yaml.safe_dump(doc))
+    run = tmp_path / "runs" / "tonight"
+    store = str(tmp_path / "store")
+    common = ["--profile", str(prof), "--results-uri", store]
+    assert gauntlet(["step", "perf", *common, "--out", str(run / "vllm" / "perf"), "--engine", "vllm",
+                     "--endpoint", endpoint, "--cases", "c2-128-32"]) == 0
+    tonight = read_rounds(store).to_pylist()
+    # eight earlier nights on the same args hash and client, twice as fast: tonight is a 50% drop
+    hist = [dict(r, run_id=f"night{i}", timestamp=f"2026-11-{i + 1:02d}T02:00:00", date=f"2026-11-{i + 1:02d}",
+                 image_digest="sha256:old", output_throughput=2 * r["output_throughput"] * (1 + 0.01 * (i % 3)),
+                 request_throughput=2 * r["request_throughput"] * (1 + 0.01 * (i % 3)))
+            for i in range(8) for r in tonight]
+    append_rounds(hist, store)
+    assert gauntlet(["step", "regress", *common, "--out", str(run / "vllm" / "suspect"), "--engine", "vllm",
+                     "--stage", "suspect"]) == 0
+    outs = run / "vllm" / "suspect" / "outputs"
+    assert (outs / "suspect").read_text().strip() == "true"
+    cases = (outs / "suspect_cases").read_text().strip()
+    assert cases == "c2-128-32"
+    assert gauntlet(["step", "perf", *common, "--out", str(run / "vllm" / "confirm"), "--engine", "vllm",
+                     "--endpoint", endpoint, "--cases", cases, "--phase", "confirm", "--rounds", "6"]) == 0
+    assert gauntlet(["step", "regress", *common, "--out", str(run / "regress")]) == 1      # a confirmed regression
+    v = json.loads((run / "regress" / "verdict.json").read_text())
+    lb = next(x for x in v["metrics"]["labels"] if x["metric"] == "output_throughput")
+    assert lb["label"] == "regressed" and lb["suspected"] and lb["confirm_rounds"] == 6
+    assert lb["origin"]["last_good"]["run_id"] == "night7" and lb["origin"]["first_bad"]["run_id"] == "tonight"
+    assert "image_digest" in lb["origin"]["differed"]
+    assert len(v["metrics"]["rounds"]["confirm"]["vllm/c2-128-32"]) == 6
