@@ -86,6 +86,7 @@ class Label:
     change_rel: float | None
     nights: int
     suspected: bool = False
+    suspect_threshold: float | None = None  # stage 1's band (the report's trend draws it)
     confirm_value: float | None = None      # median of the confirmation rounds
     confirm_threshold: float | None = None
     confirm_change_rel: float | None = None
@@ -111,7 +112,8 @@ def judge_two_stage(value: float | None, history: Sequence[float], direction: in
     hist = [h for h in history if h is not None][-rule.window:]
     out: dict[str, Any] = {"label": "insufficient history", "centre": median(hist) if hist else None,
                            "threshold": None, "change_rel": None, "suspected": False, "confirm_value": None,
-                           "confirm_threshold": None, "confirm_change_rel": None, "confirm_rounds": 0}
+                           "confirm_threshold": None, "confirm_change_rel": None, "confirm_rounds": 0,
+                           "suspect_threshold": None}
     if value is None or len(hist) < rule.min_history:
         return out
     centre = median(hist)
@@ -119,7 +121,8 @@ def judge_two_stage(value: float | None, history: Sequence[float], direction: in
     floor = min_rel * abs(centre)
     band, suspect_band = max(rule.k * sigma, floor), max(rule.k_suspect * sigma, floor)
     worse = (centre - value) * direction
-    out.update(centre=centre, threshold=band, change_rel=(value - centre) / centre if centre else None)
+    out.update(centre=centre, threshold=band, change_rel=(value - centre) / centre if centre else None,
+               suspect_threshold=suspect_band)
     if -worse > band:
         return {**out, "label": "improved"}
     if worse <= suspect_band:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -446,25 +447,70 @@ def _plots(run_dir: Path, data: Mapping[str, Any], profile: Any, history: Any) -
         plt.close(fig)
         out["ladder"] = "ladder.png"
 
-    if history is not None and len(history):
-        from steps.regress import nightly_medians
-        nights = nightly_medians(history, ["output_throughput"])
-        series: dict[tuple[str, str], list[tuple[int, float]]] = {}
-        for i, night in enumerate(nights.values()):
-            for key, vals in night.items():
-                if vals.get("output_throughput") is not None:
-                    series.setdefault(key, []).append((i, vals["output_throughput"]))
-        if series:
-            fig, ax = plt.subplots(figsize=(7, 4))
-            for (e, c), pts in sorted(series.items()):
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{e} {c}")
-            ax.set(xlabel="night (oldest → newest)", ylabel="output tokens/s (night median)", title="Nightly trend")
-            ax.legend(fontsize=7)
+    series = trend_series(history or [])
+    if series:
+        import matplotlib.dates as mdates
+
+        fig, axes = plt.subplots(len(series), 1, figsize=(8, 2.6 * len(series)), squeeze=False, sharex=True)
+        for ax, ((e, c), pts) in zip(axes[:, 0], sorted(series.items())):
+            when = [p["date"] for p in pts]
+            banded = [p for p in pts if p["lo"] is not None]
+            if banded:
+                ax.fill_between([p["date"] for p in banded], [p["lo"] for p in banded], [p["hi"] for p in banded],
+                                step="mid", alpha=0.2, color="tab:blue", label="band (suspect beyond)")
+                ax.plot([p["date"] for p in banded], [p["centre"] for p in banded], color="tab:blue", lw=0.8,
+                        ls="--", label="history median")
+            ax.plot(when, [p["value"] for p in pts], marker="o", ms=3, lw=1, color="black", label="night median")
+            bad = [p for p in pts if p["suspected"]]
+            if bad:
+                ax.plot([p["date"] for p in bad], [p["value"] for p in bad], "o", ms=7, mfc="none", color="tab:red",
+                        label="worse than the band")
+            ax.set(ylabel="out tok/s", title=f"{e} {c}")
             ax.grid(alpha=0.3)
-            fig.tight_layout()
-            fig.savefig(run_dir / "trend.png", dpi=100)
-            plt.close(fig)
-            out["trend"] = "trend.png"
+            ax.legend(fontsize=7, loc="lower left")
+        ax = axes[-1, 0]
+        loc = mdates.AutoDateLocator(minticks=2, maxticks=8)
+        ax.xaxis.set_major_locator(loc)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(loc))
+        first = min(p["date"] for pts in series.values() for p in pts)
+        last = max(p["date"] for pts in series.values() for p in pts)
+        pad = max((last - first) * 0.03, timedelta(hours=12))      # one night still gets a readable axis
+        ax.set_xlim(first - pad, last + pad)
+        fig.suptitle("Nightly trend (output throughput, median of each night's rounds)")
+        fig.tight_layout()
+        fig.savefig(run_dir / "trend.png", dpi=100)
+        plt.close(fig)
+        out["trend"] = "trend.png"
+    return out
+
+
+def trend_series(history: list[Mapping[str, Any]], metric: str = "output_throughput"
+                 ) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(engine, case) -> nights oldest first: date, night median, and the band regress would have drawn
+    from the nights before it (centre, lo, hi; None with too little history), and whether it fell outside."""
+    from steps.regress import METRICS, judge_two_stage, nightly_medians
+
+    stamps: dict[str, str] = {}
+    for r in history:
+        if r.get("valid") and r.get("timestamp"):
+            stamps[r["run_id"]] = max(stamps.get(r["run_id"], ""), str(r["timestamp"]))
+    direction, floor = METRICS[metric]
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for rid, night in nightly_medians(history, [metric]).items():
+        if rid not in stamps:
+            continue
+        date = datetime.fromisoformat(stamps[rid][:19])
+        for key, vals in night.items():
+            v = vals.get(metric)
+            if v is None:
+                continue
+            prior = [p["value"] for p in out.get(key, [])]
+            j = judge_two_stage(v, prior, direction, floor)
+            pt = {"run_id": rid, "date": date, "value": v, "centre": None, "lo": None, "hi": None, "suspected": False}
+            if j["suspect_threshold"] is not None:
+                sb = j["suspect_threshold"]
+                pt.update(centre=j["centre"], lo=j["centre"] - sb, hi=j["centre"] + sb, suspected=j["suspected"])
+            out.setdefault(key, []).append(pt)
     return out
 
 

@@ -165,3 +165,36 @@ def test_report_names_where_a_regression_came_from(tmp_path):
     reg = write_report(run, []).read_text().split("## Nightly regression")[1]
     assert ("last good night n12 (2026-11-30T02:00:00), first bad night n13 (2026-12-01T02:00:00); "
             "image_digest: `sha256:aaa` → `sha256:bbb`.") in reg
+
+
+def _nights(n, drop_last=False):
+    from datetime import datetime, timedelta
+    start = datetime(2026, 9, 1, 2, 0)
+    rows = []
+    for i in range(n):
+        v = 77.0 + (i % 3) - 1
+        if drop_last and i == n - 1:
+            v = 60.0
+        ts = (start + timedelta(days=i)).isoformat()
+        rows += [dict(run_id=f"n{i:03d}", engine="vllm", case="c2-128-32", valid=True, timestamp=ts,
+                      output_throughput=v) for _ in range(3)]
+    return rows
+
+
+def test_trend_has_dates_and_the_band_from_the_nights_before():
+    from datetime import datetime
+
+    from steps.report import trend_series
+    one = trend_series(_nights(1))[("vllm", "c2-128-32")]
+    assert len(one) == 1 and one[0]["date"] == datetime(2026, 9, 1, 2, 0) and one[0]["lo"] is None
+    many = trend_series(_nights(90, drop_last=True))[("vllm", "c2-128-32")]
+    assert len(many) == 90 and all(p["lo"] is None for p in many[:7]) and all(p["lo"] is not None for p in many[7:])
+    assert many[-1]["suspected"] and not any(p["suspected"] for p in many[:-1])
+    assert many[-1]["lo"] < many[-1]["centre"] < many[-1]["hi"] and many[-1]["value"] < many[-1]["lo"]
+
+
+def test_trend_plot_reads_with_one_night_and_with_ninety(tmp_path):
+    for n in (1, 90):
+        run = _run_dir(tmp_path / str(n))
+        md = write_report(run, _nights(n, drop_last=n > 1)).read_text()
+        assert "![nightly trend](trend.png)" in md and (run / "trend.png").stat().st_size > 10_000
