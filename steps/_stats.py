@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Summary", "summarize", "spread_rel", "round_validity", "Stability", "stability", "mad",
+__all__ = ["Summary", "summarize", "spread_rel", "round_validity", "client_bound", "CLIENT_BOUND_FRACTION", "Stability", "stability", "mad",
            "median", "STABILITY_METRIC"]
 
 STABILITY_METRIC = "output_throughput"
@@ -98,6 +98,23 @@ def round_validity(result: Mapping[str, Any], num_prompts: int) -> tuple[bool, s
     if failed != 0:
         return False, f"{failed} request(s) failed"
     return True, f"{completed}/{num_prompts} completed, 0 failed"
+
+
+# A round whose throughput reaches this fraction of the client's own ceiling (the same client, requests
+# and concurrency against a zero-cost server) is measuring the client as much as the engine.
+CLIENT_BOUND_FRACTION = 0.5
+
+
+def client_bound(result: Mapping[str, Any], ceiling: float | None) -> tuple[bool, str]:
+    """(flagged, why) for one round against the client's ceiling in output tokens/s (pure)."""
+    tput = result.get("output_throughput")
+    if ceiling is None or not ceiling or tput is None:
+        return False, "client ceiling unknown"
+    frac = tput / ceiling
+    if frac >= CLIENT_BOUND_FRACTION:
+        return True, (f"client-bound: {tput:.4g} tok/s is {frac:.0%} of the client's own ceiling {ceiling:.4g} "
+                      f"(>= {CLIENT_BOUND_FRACTION:.0%})")
+    return False, f"{frac:.1%} of the client's ceiling {ceiling:.4g} tok/s"
 
 
 @dataclass(frozen=True)

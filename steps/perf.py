@@ -15,8 +15,10 @@ headroom at its peak was >= the dependant's ``headroom_min``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, par
                           run_client)
 from steps._evidence import Check, UsageError, write_json_atomic
 from steps._sampler import Sampler
-from steps._stats import Stability, round_validity, stability, summarize
+from steps._stats import Stability, client_bound, round_validity, stability, summarize
 from workflows.graph import param_name
 
 NAME = "perf"
@@ -57,6 +59,8 @@ def bench_options(p: argparse.ArgumentParser) -> None:
                    help="run the client as a subprocess of this Python (default: in-process when vLLM is importable)")
     p.add_argument("--sample-interval", type=float, default=1.0, help="seconds between resource samples")
     p.add_argument("--no-store", action="store_true", help="do not append rounds to the results store")
+    p.add_argument("--no-ceiling", action="store_true",
+                   help="skip the client's ceiling (the same requests against a zero-cost loopback server)")
 
 
 @dataclass
@@ -70,6 +74,8 @@ class CaseResult:
     warmup: dict[str, Any] | None = None
     stability: Stability | None = None
     headroom: float | None = None
+    client_ceiling: float | None = None      # output tok/s of the same requests against a zero-cost server
+    client_ceiling_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -96,11 +102,13 @@ def tokenizer_for(profile: Profile, explicit: str | None) -> str:
 def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer: str, out: Path,
                  meta: dict[str, Any], bench_python: str | None = None, sample_interval: float = 1.0,
                  prefix_len: int = 0, seeds: list[int] | None = None, phase_tag: str = "",
-                 warmup: bool = True, warmup_seed: int | None = None) -> CaseResult:
+                 warmup: bool = True, warmup_seed: int | None = None, null_url: str | None = None) -> CaseResult:
     """Warmup then ``bench.rounds`` rounds of one case; each round parsed, judged and sampled.
 
     ``prefix_len`` prepends a prefix shared by every request (the client derives it from the seed)
-    to the case's ``input_len`` random tokens.
+    to the case's ``input_len`` random tokens. With ``null_url`` (a zero-cost server, steps/_null_server.py)
+    the same client first runs the same requests against it: the client's own ceiling; a round reaching
+    half of it is flagged client-bound, and on a cluster profile that makes the round invalid.
     """
     b = profile.bench
     n = case.num_prompts or b.prompts_per_concurrency * case.concurrency
@@ -118,13 +126,27 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
             run = run_client(req, python=bench_python)
         rec = parse_result(run.result, num)
         ok, why = round_validity(rec, num)
+        bound, bound_why = client_bound(rec, res.client_ceiling)
+        if bound and cluster and ok:
+            ok, why = False, bound_why
         res_s = s.summary()
         # wall_s: the whole wrapped round (sampler, client, parsing) against the client's own time
         rec.update(valid=ok, invalid_reason=None if ok else why, client_s=run.client_s,
                    wall_s=time.perf_counter() - t0,
-                   client_mode=run.mode, seed=seed, resources=res_s, headroom=res_s["headroom"])
+                   client_mode=run.mode, seed=seed, resources=res_s, headroom=res_s["headroom"],
+                   client_ceiling=res.client_ceiling, client_bound=bound, client_bound_detail=bound_why)
         return rec
 
+    cluster = profile.hardware.kind == "kubernetes"
+    if null_url:
+        try:
+            req = BenchRequest(null_url, profile.model.served_name, tokenizer, case.input_len, case.output_len,
+                               case.concurrency, n, seeds[0], raw / f"{tag}-ceiling.json", prefix_len=prefix_len)
+            ceil = parse_result(run_client(req, python=bench_python).result, n)
+            res.client_ceiling = ceil.get("output_throughput")
+            res.client_ceiling_note = f"{n} requests at concurrency {case.concurrency} in {ceil.get('duration_s'):.3g} s"
+        except Exception as exc:  # a ceiling we could not measure is unknown, never a failed case
+            res.client_ceiling_note = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0][:200]
     if warmup and b.warmup_prompts > 0:
         res.warmup = one("warmup", b.seed + WARMUP_SEED_OFFSET if warmup_seed is None else warmup_seed,
                          b.warmup_prompts)
@@ -186,13 +208,25 @@ def unlocks(profile: Profile, results: dict[str, CaseResult]) -> dict[str, tuple
     return out
 
 
-def case_checks(cr: CaseResult, spread_max: float) -> list[Check]:
+def case_checks(cr: CaseResult, spread_max: float, cluster: bool = False) -> list[Check]:
     checks = []
     bad = [r for r in cr.rounds if not r["valid"]]
     checks.append(Check(f"{cr.case}/rounds-valid", "fail" if bad else "pass", f"{len(cr.rounds)} valid rounds",
                         f"{len(cr.rounds) - len(bad)} valid",
                         "; ".join(f"round {r['round']}: {r['invalid_reason']}" for r in bad) or
                         f"every round completed {cr.num_prompts}/{cr.num_prompts} with 0 failed"))
+    bound = [r for r in cr.rounds if r.get("client_bound")]
+    if cr.client_ceiling is None:
+        checks.append(Check(f"{cr.case}/client-headroom", "skip", "< 50% of the client's ceiling", None,
+                            f"client ceiling {cr.client_ceiling_note or 'not measured'}"))
+    else:
+        worst = max((r.get("output_throughput") or 0.0 for r in cr.rounds), default=0.0)
+        checks.append(Check(f"{cr.case}/client-headroom", "fail" if bound and cluster else "skip" if bound else "pass",
+                            "< 50% of the client's ceiling", round(worst / cr.client_ceiling, 4),
+                            (bound[0]["client_bound_detail"] + ("" if cluster else "; flagged: the client, not "
+                             "only the engine, set this number")) if bound else
+                            f"client ceiling {cr.client_ceiling:.4g} tok/s ({cr.client_ceiling_note}); fastest round "
+                            f"{worst:.4g} tok/s = {worst / cr.client_ceiling:.1%} of it"))
     st = cr.stability
     t = case_table(cr.rounds)["output_throughput"]
     med = f"median {t['median']:.2f} tok/s (min {t['min']:.2f}, max {t['max']:.2f})" if t["median"] else "no data"
@@ -229,16 +263,37 @@ def run_matrix(args: argparse.Namespace, out: Path, cases: list[BenchCase], spec
     if args.bench_python is None:
         args.client_import_s = getattr(args, "client_import_s", 0.0) + preload_client()
     results = {}
-    for c in cases:
-        results[c.name] = measure_case(c, profile, endpoint=args.endpoint, tokenizer=tok, out=out, meta=meta,
-                                       bench_python=args.bench_python, sample_interval=args.sample_interval,
-                                       prefix_len=prefix_len, seeds=seeds, phase_tag=phase_tag,
-                                       warmup_seed=warmup_seed)
+    with _ceiling_server(profile, args) as null_url:
+        for c in cases:
+            results[c.name] = measure_case(c, profile, endpoint=args.endpoint, tokenizer=tok, out=out, meta=meta,
+                                           bench_python=args.bench_python, sample_interval=args.sample_interval,
+                                           prefix_len=prefix_len, seeds=seeds, phase_tag=phase_tag,
+                                           warmup_seed=warmup_seed, null_url=null_url)
     rows = store_rows(list(results.values()), meta, phase=phase, prefix_len=prefix_len)
     if not getattr(args, "no_store", False):
         from steps.results import append_rounds
         append_rounds(rows, results_uri(args))
     return results, rows
+
+
+@contextlib.contextmanager
+def _ceiling_server(profile: Profile, args: argparse.Namespace) -> Iterator[str | None]:
+    """The zero-cost server for the client's ceiling, or None when it cannot start (the ceiling is then
+    unknown: recorded as such, never a failed case)."""
+    if getattr(args, "no_ceiling", False):
+        yield None
+        return
+    from steps._null_server import null_server
+    try:
+        cm = null_server(profile.model.served_name)
+        url = cm.__enter__()
+    except Exception:  # noqa: BLE001 - no aiohttp, no port: the ceiling is unknown
+        yield None
+        return
+    try:
+        yield url
+    finally:
+        cm.__exit__(None, None, None)
 
 
 def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
@@ -252,7 +307,7 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
                                seeds=[profile.bench.seed] * rounds)
     checks: list[Check] = []
     for cr in results.values():
-        checks += case_checks(cr, profile.bench.spread_max_rel)
+        checks += case_checks(cr, profile.bench.spread_max_rel, profile.hardware.kind == "kubernetes")
     outputs: dict[str, Any] = {}
     for name, (ok, why) in unlocks(profile, results).items():
         outputs[f"unlock_{param_name(name)}"] = ok

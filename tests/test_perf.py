@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from params import load_profile, profile_path
-from steps._stats import stability
+from steps._stats import client_bound, stability
 from steps.perf import CaseResult, case_table, unlocks
 from steps.results import read_rounds
 from workflows.cli import main as gauntlet
@@ -76,6 +76,26 @@ def small_profile(tmp_path: Path, **bench) -> Path:
     return p
 
 
+@pytest.mark.parametrize("tput,ceiling,flagged", [(40.0, 9000.0, False), (4600.0, 9000.0, True),
+                                                    (4400.0, 9000.0, False), (40.0, None, False)])
+def test_client_bound_at_half_the_ceiling(tput, ceiling, flagged):
+    bound, why = client_bound({"output_throughput": tput}, ceiling)
+    assert bound is flagged and (("client-bound" in why) is flagged)
+
+
+def test_null_server_streams_the_usage_the_client_counts():
+    import urllib.request
+
+    from steps._null_server import null_server
+    with null_server("m") as url:
+        req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps({"max_tokens": 5}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        body = urllib.request.urlopen(req, timeout=10).read().decode()
+    events = [e.removeprefix("data: ") for e in body.split("\n\n") if e]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 5
+    assert sum(1 for e in events[:-2] if json.loads(e)["choices"][0]["text"]) == 5
+
+
 @pytest.mark.engine
 def test_perf_real_engine(tmp_path, endpoint):
     prof = small_profile(tmp_path)
@@ -103,3 +123,8 @@ def test_perf_real_engine(tmp_path, endpoint):
     assert t.column("image_digest")[0].as_py().startswith("sha256:")
     # the wrapper's own cost per round, against the client's time
     assert v["metrics"]["wrapper_overhead_rel_max"] < 0.05
+    # the client's own ceiling, measured first on the same requests: far above a CPU engine
+    assert case["client_ceiling"] > 10 * case["table"]["output_throughput"]["median"]
+    head = next(c for c in v["checks"] if c["name"] == "c2-128-32/client-headroom")
+    assert head["status"] == "pass" and head["observed"] < 0.1
+    assert all(r is not None for r in read_rounds(store).column("client_ceiling").to_pylist())
