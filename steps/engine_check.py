@@ -1,10 +1,14 @@
 """Gate 0 engine-check, run inside the engine image: does *this* engine build accept the plan?
 
-It imports the engine's own model registry and its own CLI parser (no help-text
-grepping) and feeds it the exact argv of :func:`steps.engine_cmd.engine_command`
-for every rank. Checks: the profile's architecture is registered, the parser
-accepts every planned flag (and, for vLLM, the attention backend is one its
-config knows), the reasoning and tool-call parser names are registered.
+It asks the engine's own code, never a list written here: its CLI parser is fed
+the exact argv of :func:`steps.engine_cmd.engine_command` for every rank and for
+every Gate 6 variant on this engine; its registries say whether the reasoning and
+tool-call parsers and the architecture are known. Checks: the architecture is
+registered; the parser accepts every planned flag and value (vLLM: its serve-args
+validation and its attention-backend config too; SGLang: its speculative-algorithm
+registry too); the ranks differ only in placement (node rank, rendezvous address,
+host); each variant parses and changes one group of the engine's options; the
+parser names are registered.
 
 :class:`VllmAdapter` / :class:`SglangAdapter` do the importing (I/O);
 :func:`collect` gathers facts through one; :func:`judge` is pure.
@@ -19,7 +23,7 @@ from typing import Any
 
 from params.models import Profile
 from steps._evidence import Check, UsageError
-from steps.engine_cmd import Placement, engine_command
+from steps.engine_cmd import Placement, apply_change, engine_command
 
 __all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "ADAPTERS", "VllmAdapter", "SglangAdapter",
            "planned_argvs", "collect", "judge"]
@@ -27,6 +31,7 @@ __all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "ADAPTERS", 
 NAME = "engine-check"
 HELP = "Gate 0: the engine image registers the architecture and its own parser accepts every planned flag"
 NEEDS_PROFILE = True
+LEADER = "10.0.0.1:20000"     # placeholder rendezvous address: ranks share it, only its syntax is judged
 
 
 class _ParseError(Exception):
@@ -49,10 +54,44 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.N
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def _plain(v: Any) -> Any:
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return str(v)
+
+
+def _flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """dest -> the action that owns it (the first one: deprecated aliases share a dest)."""
+    out: dict[str, argparse.Action] = {}
+    for a in parser._actions:
+        if a.option_strings and a.dest not in ("help", argparse.SUPPRESS):
+            out.setdefault(a.dest, a)
+    return out
+
+
+def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action | None:
+    return next((a for a in _flags(parser).values() if flag in a.option_strings), None)
+
+
+def _options(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> dict[str, Any]:
+    """The options the command sets away from the parser's defaults, keyed by their long flag."""
+    out: dict[str, Any] = {}
+    for dest, action in _flags(parser).items():
+        v = getattr(ns, dest, None)
+        if v != action.default:
+            flag = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+            out[flag] = _plain(v)
+    return out
+
+
 class VllmAdapter:
     """vLLM: ModelRegistry, the OpenAI server's make_arg_parser, Reasoning/ToolParserManager."""
 
     engine = "vllm"
+    # what may differ between ranks of one deployment (steps/engine_cmd.py engine_command)
+    rank_flags = frozenset({"--node-rank", "--headless", "--master-addr", "--master-port", "--host"})
 
     def __init__(self) -> None:
         import vllm
@@ -70,18 +109,28 @@ class VllmAdapter:
         # no prefix matching: a misspelt flag must not pass as an abbreviation of a real one
         self._parser = make_arg_parser(FlexibleArgumentParser(allow_abbrev=False))
         self._validate = validate_parsed_serve_args
+        self._groups = {a.dest: g.title or "" for g in self._parser._action_groups for a in g._group_actions}
 
     def architectures(self) -> list[str]:
         return sorted(self._registry.get_supported_archs())
 
-    def parse(self, argv: list[str]) -> str | None:
+    def default_of(self, flag: str) -> Any:
+        a = _action(self._parser, flag)
+        return _plain(a.default) if a else None
+
+    def group_of(self, flag: str) -> str:
+        """The engine's own option group of a flag (vLLM: the argparse group, one per config class)."""
+        a = _action(self._parser, flag)
+        return self._groups.get(a.dest if a else flag, "")
+
+    def parse(self, argv: list[str]) -> tuple[str | None, dict[str, Any] | None]:
         ns, err = _parse(self._parser, argv)
         if err:
-            return err
+            return err, None
         try:
             self._validate(ns)
         except Exception as exc:  # TypeError/ValueError with the engine's own message
-            return f"{type(exc).__name__}: {exc}"
+            return f"{type(exc).__name__}: {exc}", None
         if getattr(ns, "attention_backend", None):
             try:
                 from vllm.config import AttentionConfig
@@ -91,8 +140,8 @@ class VllmAdapter:
             except Exception as exc:  # pydantic ValidationError: the engine's list of backends
                 errs = exc.errors() if hasattr(exc, "errors") else [{"msg": str(exc)}]
                 msg = str(errs[0].get("msg", exc)).removeprefix("Value error, ")
-                return f"--attention-backend {ns.attention_backend}: {msg}"[:600]
-        return None
+                return f"--attention-backend {ns.attention_backend}: {msg}"[:600], None
+        return None, _options(self._parser, ns)
 
     def reasoning_parsers(self) -> list[str]:
         from vllm.reasoning import ReasoningParserManager
@@ -109,52 +158,110 @@ class VllmAdapter:
 
 
 class SglangAdapter:
-    """SGLang: its model registry, ServerArgs.add_cli_args, ReasoningParser / FunctionCallParser maps."""
+    """SGLang: ServerArgs' own parser, the parser registries, SpeculativeAlgorithm, the model registry's source.
+
+    The reasoning and tool-call registries are imported *before* the parser is built: ServerArgs
+    takes the ``--reasoning-parser``/``--tool-call-parser`` choices from those registries when they
+    are loaded (otherwise from its dependency-free copies of their names). The model registry
+    imports every model module with its CUDA kernels, so outside the engine image it is read from
+    the modules' source (:mod:`steps._sglang_models`).
+    """
 
     engine = "sglang"
+    rank_flags = frozenset({"--node-rank", "--dist-init-addr", "--host"})
 
     def __init__(self) -> None:
         import sglang
+        from sglang.srt.function_call.function_call_parser import FunctionCallParser
+        from sglang.srt.parser.reasoning_parser import ReasoningParser
         from sglang.srt.server_args import ServerArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
         self.version = getattr(sglang, "__version__", None)
-        self._parser = argparse.ArgumentParser(allow_abbrev=False)
+        self._reasoning = sorted(ReasoningParser.DetectorMap)
+        self._tools = sorted(FunctionCallParser.ToolCallParserEnum)
+        self._spec = SpeculativeAlgorithm
+        self._server_args = ServerArgs
+        # as sglang.srt.server_args.prepare_server_args builds it, minus prefix matching
+        self._parser = argparse.ArgumentParser(prog="sglang serve", allow_abbrev=False)
         ServerArgs.add_cli_args(self._parser)
+        self._ns_by_field = getattr(ServerArgs, "_NS_BY_FIELD", {})
+        # SGLang's cross-flag rules live in its resolution hooks; the model- and hardware-independent
+        # one is run on each record. Its module imports sglang.srt.configs -> torchvision, which the
+        # test environment leaves out (PyPI's torchvision breaks vLLM CPU): there it is reported, not run.
+        self.rules: list[str] = []
+        self.rules_missing: str | None = None
+        try:
+            from sglang.srt.arg_groups.kv_cache_hook import handle_cache_compatibility
+            self._rules = [handle_cache_compatibility]
+            self.rules = [f"{f.__module__}.{f.__name__}" for f in self._rules]
+        except ImportError as exc:
+            self._rules = []
+            self.rules_missing = f"{type(exc).__name__}: {exc}"
 
     def architectures(self) -> list[str]:
-        from sglang.srt.models.registry import ModelRegistry
-        return sorted(ModelRegistry.get_supported_archs())
+        from steps._sglang_models import registered_architectures
+        return sorted(registered_architectures())
 
-    def parse(self, argv: list[str]) -> str | None:
-        return _parse(self._parser, argv)[1]
+    def default_of(self, flag: str) -> Any:
+        a = _action(self._parser, flag)
+        return _plain(a.default) if a else None
+
+    def group_of(self, flag: str) -> str:
+        """The engine's own option group of a flag (SGLang: the ServerArgs namespace holding its field)."""
+        a = _action(self._parser, flag)
+        dest = a.dest if a else flag
+        ns = self._ns_by_field.get(dest)   # field -> its namespace path, e.g. "spec", "memory"
+        return ns if isinstance(ns, str) else getattr(ns, "_NS_PATH", None) or dest
+
+    def parse(self, argv: list[str]) -> tuple[str | None, dict[str, Any] | None]:
+        ns, err = _parse(self._parser, argv)
+        if err:
+            return err, None
+        algo = getattr(ns, "speculative_algorithm", None)
+        if algo is not None:   # a free string in the parser; the scheduler resolves it like this
+            try:
+                self._spec.from_string(algo)
+            except ValueError as exc:
+                return f"--speculative-algorithm {algo}: {exc}", None
+        try:
+            record = self._server_args.from_cli_args(ns)   # the record sglang.launch_server builds from it
+            for rule in self._rules:
+                rule(record)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}", None
+        return None, _options(self._parser, ns)
 
     def reasoning_parsers(self) -> list[str]:
-        try:
-            from sglang.srt.parser.reasoning_parser import ReasoningParser
-        except ImportError:
-            from sglang.srt.reasoning_parser import ReasoningParser
-        return sorted(ReasoningParser.DetectorMap)
+        return self._reasoning
 
     def tool_parsers(self) -> list[str]:
-        from sglang.srt.function_call.function_call_parser import FunctionCallParser
-        return sorted(FunctionCallParser.ToolCallParserEnum)
+        return self._tools
 
 
 ADAPTERS = {"vllm": VllmAdapter, "sglang": SglangAdapter}
 
 
 def planned_argvs(profile: Profile, engine: str, model_path: str) -> dict[str, list[str]]:
-    """The flags each rank would get (the module prefix stripped): what the parser is fed."""
+    """The flags each rank would get (the module prefix stripped), for the baseline and each variant.
+
+    Keys: ``rank0``, ``rank1`` (two-node profiles), then ``<variant>/rank0`` ... for every Gate 6
+    variant that runs on this engine.
+    """
     spec = profile.engines[engine]
     n = max(1, len(profile.hardware.nodes)) if profile.hardware.kind == "kubernetes" else 1
     ranks = {"rank0": Placement()} if n == 1 else {
-        f"rank{r}": Placement(nnodes=n, node_rank=r, dist_addr="10.0.0.1:29500") for r in (0, 1)}
-    return {k: engine_command(engine, spec, model_path=model_path, served_name=profile.model.served_name,
-                              placement=p)[3:] for k, p in ranks.items()}
+        f"rank{r}": Placement(nnodes=n, node_rank=r, dist_addr=LEADER) for r in range(n)}
+    specs = {"": spec} | {f"{v.name}/": apply_change(spec, v.change) for v in profile.experiments
+                          if v.engine in (None, engine)}
+    return {f"{label}{k}": engine_command(engine, s, model_path=model_path, served_name=profile.model.served_name,
+                                          placement=p)[3:]
+            for label, s in specs.items() for k, p in ranks.items()}
 
 
 def collect(adapter: Any, argvs: dict[str, list[str]]) -> dict[str, Any]:
     """Facts through one adapter; each query's failure is recorded, not raised."""
-    facts: dict[str, Any] = {"engine": adapter.engine, "version": adapter.version, "parse": {}, "argv": argvs}
+    facts: dict[str, Any] = {"engine": adapter.engine, "version": adapter.version, "parse": {}, "options": {},
+                             "argv": argvs, "rank_flags": sorted(adapter.rank_flags), "groups": {}}
     for key, fn in (("architectures", adapter.architectures), ("reasoning_parsers", adapter.reasoning_parsers),
                     ("tool_parsers", adapter.tool_parsers)):
         try:
@@ -162,9 +269,64 @@ def collect(adapter: Any, argvs: dict[str, list[str]]) -> dict[str, Any]:
         except Exception as exc:
             facts[key] = None
             facts[f"{key}_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    for rank, argv in argvs.items():
-        facts["parse"][rank] = adapter.parse(argv)
+    for key, argv in argvs.items():
+        facts["parse"][key], facts["options"][key] = adapter.parse(argv)
+    flags = {f for opts in facts["options"].values() if opts for f in opts}
+    facts["groups"] = {f: adapter.group_of(f) for f in sorted(flags)}
+    facts["defaults"] = {f: adapter.default_of(f) for f in sorted(flags)}
+    facts["rules"] = getattr(adapter, "rules", None)
+    facts["rules_missing"] = getattr(adapter, "rules_missing", None)
     return facts
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any], defaults: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """flag -> (value in a, value in b) for every flag set differently (absent: the parser's default)."""
+    return {f: (a.get(f, defaults.get(f)), b.get(f, defaults.get(f))) for f in sorted(set(a) | set(b))
+            if a.get(f, defaults.get(f)) != b.get(f, defaults.get(f))}
+
+
+def _show(d: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{f} {x!r}->{y!r}" for f, (x, y) in d.items())
+
+
+def _ranks_check(facts: dict[str, Any], ranks: list[str]) -> Check:
+    eng, opts = facts["engine"], facts["options"]
+    if len(ranks) < 2:
+        return Check("ranks", "skip", None, None, "one rank: nothing to compare")
+    if any(opts.get(r) is None for r in ranks):
+        return Check("ranks", "skip", None, None, "a rank's command did not parse (see cli-flags)")
+    allowed, dfl = set(facts["rank_flags"]), facts["defaults"]
+    bad = {r: {f: v for f, v in _diff(opts[ranks[0]], opts[r], dfl).items() if f not in allowed} for r in ranks[1:]}
+    bad = {r: d for r, d in bad.items() if d}
+    if bad:
+        return Check("ranks", "fail", sorted(allowed), {r: list(d) for r, d in bad.items()},
+                     "; ".join(f"{ranks[0]} and {r} differ beyond placement as {eng} parses them: {_show(d)}"
+                               for r, d in bad.items()))
+    return Check("ranks", "pass", sorted(allowed), {r: _diff(opts[ranks[0]], opts[r], dfl) for r in ranks[1:]},
+                 f"{eng}'s parser sees the {len(ranks)} ranks differ only in placement "
+                 f"({', '.join(sorted({f for r in ranks[1:] for f in _diff(opts[ranks[0]], opts[r], dfl)}))})")
+
+
+def _variant_check(facts: dict[str, Any], name: str, ranks: list[str]) -> Check:
+    eng, opts = facts["engine"], facts["options"]
+    check = f"variant-{name}"
+    errs = {r: facts["parse"][f"{name}/{r}"] for r in ranks if facts["parse"][f"{name}/{r}"]}
+    if errs:
+        return Check(check, "fail", "accepted", errs, "; ".join(
+            f"{eng}'s own parser rejects variant {name!r} ({r}): {e}" for r, e in errs.items()))
+    base = opts.get(ranks[0])
+    if base is None:
+        return Check(check, "skip", None, None, "the baseline command did not parse (see cli-flags)")
+    d = _diff(base, opts[f"{name}/{ranks[0]}"], facts["defaults"])
+    groups = sorted({facts["groups"].get(f, f) for f in d})
+    if not d:
+        return Check(check, "fail", "one change", {}, f"variant {name!r} parses to the baseline's options on "
+                     f"{eng}: it changes nothing")
+    if len(groups) > 1:
+        return Check(check, "fail", "one group of options", d,
+                     f"variant {name!r} changes {len(groups)} groups of {eng}'s options ({', '.join(groups)}): "
+                     f"{_show(d)}; a variant changes one variable")
+    return Check(check, "pass", "one group of options", d, f"{eng} accepts variant {name!r}: {_show(d)}")
 
 
 def _expected_archs(profile: Profile, model_path: Path) -> tuple[list[str] | None, str]:
@@ -209,10 +371,20 @@ def judge(facts: dict[str, Any], profile: Profile, engine: str, archs: list[str]
                             (f"{', '.join(missing)} (from {archs_source}) not in {eng}'s model registry "
                              f"({len(have)} architectures)") if missing
                             else f"{', '.join(archs)} registered in {eng} (from {archs_source})"))
-    bad = {rank: err for rank, err in facts["parse"].items() if err}
+    ranks = [k for k in facts["parse"] if "/" not in k]
+    bad = {rank: err for rank in ranks if (err := facts["parse"][rank])}
     checks.append(Check("cli-flags", "fail" if bad else "pass", "accepted", bad or "accepted",
                         "; ".join(f"{eng}'s own parser rejects the {rank} command: {err}" for rank, err in bad.items())
-                        if bad else f"{eng}'s own parser accepts the planned command ({', '.join(facts['parse'])})"))
+                        if bad else f"{eng}'s own parser accepts the planned command ({', '.join(ranks)})"))
+    checks.append(_ranks_check(facts, ranks))
+    if facts.get("rules_missing"):
+        checks.append(Check("engine-rules", "skip", None, None, f"{eng}'s cross-flag rules were not run here: "
+                            f"{facts['rules_missing']} (they run inside the engine image)"))
+    elif facts.get("rules"):
+        checks.append(Check("engine-rules", "pass", facts["rules"], facts["rules"],
+                            f"{eng}'s own rules ran on every planned command: {', '.join(facts['rules'])}"))
+    variants = list(dict.fromkeys(k.split("/")[0] for k in facts["parse"] if "/" in k))
+    checks += [_variant_check(facts, v, ranks) for v in variants]
     spec = profile.engines[engine]
     checks.append(_registered("reasoning-parser", "reasoning parser", spec.reasoning_parser,
                               facts.get("reasoning_parsers"), facts.get("reasoning_parsers_error"), eng,

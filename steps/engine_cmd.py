@@ -48,12 +48,19 @@ def _sglang_flags(a: EngineArgs) -> list[str]:
     if a.kv_cache_dtype not in ("auto", "bf16", "bfloat16"):
         f += _flag("kv-cache-dtype", a.kv_cache_dtype)
     f += _flag("enable-symm-mem", a.enable_symm_mem)
-    if not a.prefix_cache:
+    # HiCache is the radix cache's host-memory tier: SGLang refuses --enable-hierarchical-cache with
+    # --disable-radix-cache ("mutually exclusive", arg_groups/kv_cache_hook.py), so hicache keeps the radix on
+    if not a.prefix_cache and not a.hicache:
         f += ["--disable-radix-cache"]
     f += _flag("enable-hierarchical-cache", a.hicache)
     if a.speculative is not None:
-        f += _flag("speculative-algorithm", a.speculative.method.upper())
-        f += _flag("speculative-num-draft-tokens", a.speculative.num_speculative_tokens)
+        algo = a.speculative.method.upper()
+        f += _flag("speculative-algorithm", algo)
+        # num_speculative_tokens means tokens proposed per step (vLLM's meaning). SGLang 0.5.23's DSPARK
+        # takes that as --speculative-dspark-block-size (gamma) and derives --speculative-num-draft-tokens
+        # = gamma + 1 (the verify window); passing 7 as num-draft-tokens would draft 6.
+        f += _flag("speculative-dspark-block-size" if algo == "DSPARK" else "speculative-num-draft-tokens",
+                   a.speculative.num_speculative_tokens)
         f += _flag("speculative-draft-model-path", a.speculative.draft_model)
     f += _flag("disable-custom-all-reduce", a.disable_custom_all_reduce)
     f += _flag("trust-remote-code", a.trust_remote_code)

@@ -9,6 +9,7 @@ import pytest
 from params import load_profile
 from params.models import Profile
 from steps._evidence import Verdict
+from steps import engine_check
 from steps.engine_check import VllmAdapter, collect, judge, planned_argvs
 from steps.synth import synth_from_profile
 from workflows.cli import main
@@ -47,8 +48,8 @@ def test_local_cpu_profile_passes_through_the_cli(tmp_path):
     v = Verdict.read(tmp_path)
     assert rc == 0, [(c.name, c.detail) for c in v.checks]
     s = {c.name: c.status for c in v.checks}
-    assert s == {"engine-import": "pass", "architecture": "pass", "cli-flags": "pass",
-                 "reasoning-parser": "skip", "tool-call-parser": "pass"}
+    assert s == {"engine-import": "pass", "architecture": "pass", "cli-flags": "pass", "ranks": "skip",
+                 "variant-prefix-cache": "pass", "reasoning-parser": "skip", "tool-call-parser": "pass"}
     assert "--tool-call-parser" in v.metrics["argv"]["rank0"]
 
 
@@ -93,13 +94,19 @@ def test_kimi_plan_both_ranks_and_parsers_accepted_by_vllm_032(vllm_adapter, tmp
     """The Kimi vLLM plan (two nodes, --headless on rank 1, FLASHMLA, kimi_k3 parsers) parses as is."""
     model = synth_from_profile(KIMI, tmp_path / "kimi")
     facts = collect(vllm_adapter, planned_argvs(KIMI, "vllm", str(model)))
-    assert set(facts["parse"]) == {"rank0", "rank1"} and "--headless" in facts["argv"]["rank1"]
+    assert set(facts["parse"]) == {"rank0", "rank1", "prefix-cache/rank0", "prefix-cache/rank1"}
+    assert "--headless" in facts["argv"]["rank1"]
     c = {c.name: c for c in judge(facts, KIMI, "vllm", ["KimiK3ForConditionalGeneration"], f"{model}/config.json")}
-    assert all(c[n].status == "pass" for n in ("cli-flags", "reasoning-parser", "tool-call-parser", "architecture"))
+    assert all(c[n].status == "pass" for n in ("cli-flags", "reasoning-parser", "tool-call-parser", "architecture",
+                                               "ranks", "variant-prefix-cache")), [(x.name, x.detail) for x in c.values()]
+    assert set(c["ranks"].observed["rank1"]) == {"--node-rank", "--headless"}
+    assert c["variant-prefix-cache"].observed == {"--enable-prefix-caching": (False, True)}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
-def test_sglang_outside_its_image_is_an_error_not_a_crash(tmp_path, capsys):
+def test_sglang_outside_its_image_is_an_error_not_a_crash(tmp_path, monkeypatch):
+    def missing():
+        raise ImportError("No module named 'sglang'")
+    monkeypatch.setitem(engine_check.ADAPTERS, "sglang", missing)
     rc = main(["step", "engine-check", "--profile", "kimi-k3-h20", "--engine", "sglang", "--out", str(tmp_path)])
     v = Verdict.read(tmp_path)
     assert rc == 1 and v.status == "error"
