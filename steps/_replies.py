@@ -54,6 +54,7 @@ class Answer:
 
     content: str = ""
     reasoning: str = ""
+    reasoning_field: str | None = None   # which message field carried it: `reasoning` or `reasoning_content`
     finish_reason: str | None = None
     tool_calls: list[Any] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -90,11 +91,11 @@ def chat_answer(ex: Exchange) -> Answer:
         a.problems.append(f"message content is {type(content).__name__}, not text")
         content = str(content)
     a.content = content or ""
-    # vLLM 0.32 says `reasoning`; older vLLM and SGLang say `reasoning_content`
-    reasoning = msg.get("reasoning")
-    if reasoning is None:
-        reasoning = msg.get("reasoning_content")
-    a.reasoning = reasoning if isinstance(reasoning, str) else ""
+    # vLLM 0.32 says `reasoning`; older vLLM and SGLang say `reasoning_content` (steps/_engine_replies.py)
+    for key in ("reasoning", "reasoning_content"):
+        if isinstance(msg.get(key), str) and msg[key]:
+            a.reasoning, a.reasoning_field = msg[key], key
+            break
     a.finish_reason = ch.get("finish_reason")
     tcs = msg.get("tool_calls")
     a.tool_calls = tcs if isinstance(tcs, list) else []
@@ -180,13 +181,19 @@ def judge_tool_call(a: Answer, *, name: str, schema: dict[str, Any], finish_reas
     return problems, args
 
 
-def judge_reasoning(a: Answer) -> list[str]:
-    """Problems with a reasoning model's answer: the parser must split thinking from the answer."""
+def judge_reasoning(a: Answer, field: str | None = None) -> list[str]:
+    """Problems with a reasoning model's answer: the parser must split thinking from the answer.
+
+    ``field``: where this engine puts the reasoning (``reasoning`` or ``reasoning_content``); text in
+    the other field is a problem, since that engine's clients read only its own.
+    """
     problems = list(a.problems)
     if problems:
         return problems
     if not a.reasoning.strip():
         problems.append("no reasoning text in `reasoning` or `reasoning_content` (is the reasoning parser on?)")
+    elif field and a.reasoning_field != field:
+        problems.append(f"reasoning text in `{a.reasoning_field}`, where this engine's clients read `{field}`")
     if not a.content.strip():
         problems.append("only reasoning, no final answer in content")
     leaked = [m for m in THINK_MARKERS if m in a.content]

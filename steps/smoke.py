@@ -14,7 +14,7 @@ Tool calling per profile (``smoke.tool_choice``):
 - ``local-cpu`` (SmolLM2, vLLM ``--tool-call-parser hermes``): a *named*
   tool_choice, because SmolLM2's chat template has no tools and auto choice
   makes no call. vLLM 0.32 gives named calls finish_reason ``stop`` (as
-  OpenAI does). The profile sets ``VLLM_ENFORCE_STRICT_TOOL_CALLING=0``: with
+  OpenAI does), SGLang 0.5.23 ``tool_calls`` (``steps._engine_replies``). The profile sets ``VLLM_ENFORCE_STRICT_TOOL_CALLING=0``: with
   the default strict structural tags the arguments come back as ``"Paris"``
   (valid JSON, not the schema's object), which this check fails.
 - ``kimi-k3-h20`` (SGLang and vLLM, ``--tool-call-parser kimi_k3`` and
@@ -23,8 +23,10 @@ Tool calling per profile (``smoke.tool_choice``):
   profile's vllm ``args.extra``); its kimi_k3 parser refuses a named choice
   unless strict tool calling is on, so auto is the one route both engines share.
   SGLang parses tool calls whenever a tool-call parser is set. The reasoning
-  text arrives in ``reasoning`` (vLLM 0.32) or ``reasoning_content`` (SGLang);
-  both are accepted, and thinking markers left in the final answer fail.
+  text must arrive where the engine's own clients read it: ``reasoning`` (vLLM
+  0.32), ``reasoning_content`` (SGLang 0.5.23); thinking markers left in the
+  final answer fail. Per-engine expectations and their sources:
+  docs/smoke-expectations.md.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import httpx
 
 from params.models import Profile
 from steps._answers import judge_number, mentions, sanity_problems
+from steps._engine_replies import rules_for
 from steps._evidence import Check, UsageError
 from steps._probe_image import COLOURS, broken_png, data_url, solid_png
 from steps._replies import Answer, Exchange, chat_answer, judge_reasoning, judge_refusal, judge_tool_call
@@ -63,7 +66,6 @@ WEATHER_SCHEMA: dict[str, Any] = {
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city", "parameters": WEATHER_SCHEMA}}
 TOOL_PROMPT = "What is the weather like in Paris right now? Use the get_weather tool."
-TOOL_FINISH = {"named": "stop", "auto": "tool_calls"}  # OpenAI's and vLLM 0.32's finish_reason per choice
 RECALL_NAME = "Quentin"  # not guessable without turn 1; SmolLM2 copies it exactly ("Zorblat" came back "Zorblad")
 IMAGE_COLOUR = "red"
 
@@ -247,21 +249,24 @@ def check_reasoning(ctx: Ctx) -> list[Check]:
                       f"model.reasoning is false: {ctx.profile.model.id} has no reasoning mode")]
     probe = ctx.profile.smoke.arithmetic[0]
     _, a = ctx.ask(probe.prompt)
-    problems = judge_reasoning(a)
+    field = rules_for(ctx.engine).reasoning_field
+    problems = judge_reasoning(a, field)
     if not a.problems and a.content.strip():
         j = judge_number(a.content, probe.expected)
         if not j.ok:
             problems.append(f"final answer: {j.detail}")
         problems += sanity_problems(a.content, a.finish_reason)
-    observed = {"content": a.content, "reasoning_chars": len(a.reasoning), "finish_reason": a.finish_reason}
+    observed = {"content": a.content, "reasoning_chars": len(a.reasoning), "reasoning_field": a.reasoning_field,
+                "finish_reason": a.finish_reason}
     return [_verdict("reasoning", problems, probe.expected, observed,
-                     f"{len(a.reasoning)} characters of reasoning, then the right final answer")]
+                     f"{len(a.reasoning)} characters of reasoning in `{a.reasoning_field}`, "
+                     f"then the right final answer")]
 
 
 def check_tool_call(ctx: Ctx) -> list[Check]:
     mode = ctx.profile.smoke.tool_choice
     choice: Any = ({"type": "function", "function": {"name": "get_weather"}} if mode == "named" else "auto")
-    finish = TOOL_FINISH[mode]
+    finish = rules_for(ctx.engine).tool_finish(mode)
     _, a = ctx.ask(TOOL_PROMPT, tools=[WEATHER_TOOL], tool_choice=choice)
     problems, args = judge_tool_call(a, name="get_weather", schema=WEATHER_SCHEMA, finish_reason=finish)
     if not problems and not mentions(str(args.get("city", "")), "Paris"):

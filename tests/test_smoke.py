@@ -207,6 +207,7 @@ def _ok(body):
 def test_chat_answer_reads_vllm_and_sglang_reasoning():
     assert chat_answer(_ok(_completion("5", reasoning="2+3"))).reasoning == "2+3"
     assert chat_answer(_ok(_completion("5", reasoning_content="2+3"))).reasoning == "2+3"
+    assert chat_answer(_ok(_completion("5", reasoning_content="2+3"))).reasoning_field == "reasoning_content"
 
 
 @pytest.mark.parametrize("ex, needle", [
@@ -322,14 +323,25 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
 # the kimi-k3-h20 profile; each defect must fail its own check and nothing else.
 
 
-def _scripted(defect: str | None = None):
+def _scripted(defect: str | None = None, style: str = "sglang"):
+    """A Kimi K3 server speaking like ``style``: SGLang 0.5.23 or vLLM 0.32 (steps/_engine_replies.py)."""
     import base64
     import re
 
     import httpx
 
+    rkey = "reasoning_content" if style == "sglang" else "reasoning"
+    if defect == "reasoning-wrong-field":
+        rkey = "reasoning" if style == "sglang" else "reasoning_content"
+    named_finish = "tool_calls" if style == "sglang" else "stop"
+
+    def error(message):
+        if style == "sglang":    # serving_base.create_error_response: a top-level ErrorResponse
+            return {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+        return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+
     def reply(content, reasoning="", finish="stop", tool_calls=None):
-        msg = {"role": "assistant", "content": content, "reasoning": reasoning}
+        msg = {"role": "assistant", "content": content, rkey: reasoning}
         if tool_calls:
             msg["tool_calls"] = tool_calls
         return {"id": "c1", "object": "chat.completion", "model": "kimi-k3",
@@ -342,15 +354,14 @@ def _scripted(defect: str | None = None):
             url = next(p["image_url"]["url"] for p in last if p["type"] == "image_url")
             png = base64.b64decode(url.split(",", 1)[1])
             if png != solid_png("red"):
-                return 400, {"error": {"message": "Failed to load image: image file is truncated",
-                                       "type": "BadRequestError", "param": None, "code": 400}}
+                return 400, error("Failed to load image: image file is truncated")
             return 200, reply("Blue." if defect == "image-blue" else "Red.", "A flat colour.")
         if len(last) > 100_000:
-            return 400, {"error": {"message": "This model's maximum context length is 32768 tokens.",
-                                   "type": "BadRequestError", "param": None, "code": 400}}
+            return 400, error("The input (49153 tokens) is longer than the model's context length (32768 tokens).")
         if req.get("tools"):
             args = '"Paris"' if defect == "tool-string" else '{"city": "Paris"}'
-            return 200, reply("", "The user wants weather.", "tool_calls",
+            finish = named_finish if isinstance(req.get("tool_choice"), dict) else "tool_calls"
+            return 200, reply("", "The user wants weather.", finish,
                               [{"id": "call_1", "type": "function",
                                 "function": {"name": "get_weather", "arguments": args}}])
         if "What is my name" in last:
@@ -374,7 +385,7 @@ def _scripted(defect: str | None = None):
         if not req.get("stream") or status != 200:
             return httpx.Response(status, json=body)
         msg, events = body["choices"][0]["message"], []
-        for key in ("reasoning", "content"):
+        for key in (rkey, "content"):
             for piece in (msg[key][i:i + 3] for i in range(0, len(msg[key]), 3)):
                 events.append({"index": 0, "delta": {key: piece}, "finish_reason": None})
         events.append({"index": 0, "delta": {}, "finish_reason": "stop"})
@@ -392,13 +403,15 @@ def _scripted(defect: str | None = None):
     ("think-leak", {"reasoning"}),
     ("image-blue", {"image"}),
     ("tool-string", {"tool-call"}),
+    ("reasoning-wrong-field", {"reasoning"}),
 ])
-def test_kimi_profile_paths_over_a_scripted_server(defect, failing):
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_kimi_profile_paths_over_a_scripted_server(defect, failing, engine):
     from params import load_profile
     from steps.smoke import Client, run_checks
     profile = load_profile("kimi-k3-h20")
-    with Client("http://kimi.test/v1", 5, transport=_scripted(defect)) as c:
-        checks, _ = run_checks(c, profile, "sglang")
+    with Client("http://kimi.test/v1", 5, transport=_scripted(defect, style=engine)) as c:
+        checks, _ = run_checks(c, profile, engine)
     by = {ch.name: ch for ch in checks}
     assert "image-refused" not in by                                   # multimodal: understanding, not refusal
     got = {n for n, ch in by.items() if ch.status == "fail"}
@@ -410,3 +423,30 @@ def test_kimi_profile_paths_over_a_scripted_server(defect, failing):
         assert "is not of type 'object'" in by["tool-call"].detail
     if defect is None:
         assert by["tool-call"].expected["finish_reason"] == "tool_calls"      # auto choice on Kimi K3
+
+
+@pytest.mark.parametrize("engine, server, ok", [
+    ("sglang", "sglang", True),    # SGLang 0.5.23: a named call ends 'tool_calls'
+    ("vllm", "vllm", True),        # vLLM 0.32: 'stop', as OpenAI
+    ("vllm", "sglang", False),     # an engine's reply judged by the other's rule fails, naming both
+    ("sglang", "vllm", False),
+])
+def test_named_tool_choice_finish_reason_per_engine(engine, server, ok):
+    from params import load_profile
+    from steps.smoke import Client, Ctx, check_tool_call
+    profile = load_profile("kimi-k3-h20")
+    profile = profile.model_copy(update={"smoke": profile.smoke.model_copy(update={"tool_choice": "named"})})
+    with Client("http://kimi.test/v1", 5, transport=_scripted(style=server)) as c:
+        (check,) = check_tool_call(Ctx(c, profile, engine))
+    assert (check.status == "pass") is ok, check.detail
+    if not ok:
+        want, got = ("tool_calls", "stop") if engine == "sglang" else ("stop", "tool_calls")
+        assert f"finish_reason {got!r}, expected {want!r}" in check.detail
+
+
+def test_reply_rules_come_with_their_source():
+    from steps._engine_replies import OPENAI, RULES, rules_for
+    assert rules_for("llamacpp") is OPENAI and OPENAI.tool_finish("named") == "stop"
+    for rules in RULES.values():
+        assert {"tool_finish", "reasoning_field"} <= set(rules.sources)
+        assert rules.tool_finish("auto") == "tool_calls"
