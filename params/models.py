@@ -212,6 +212,8 @@ class BenchSpec(Strict):
     rounds: int = 3
     prompts_per_concurrency: int = 4
     spread_max_rel: float = Field(0.1, description="(max-min)/median of output throughput for a stable case")
+    cold_start_factor: float = Field(3.0, gt=1, description="a round whose first requests' TTFT is this many "
+                                     "times its median TTFT paid a cold start (steps/perf.py)")
     cases: list[BenchCase]
 
     @field_validator("rounds")

@@ -78,7 +78,8 @@ def client_argv(req: BenchRequest) -> list[str]:
         "--request-rate", "inf", "--seed", str(req.seed), "--ignore-eos", "--temperature", "0",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
         "--disable-tqdm", "--ready-check-timeout-sec", "0",
-        "--save-result", "--result-dir", str(Path(req.result_path).parent),
+        # --save-detailed: per-request TTFTs and start times, the cold-start check's input
+        "--save-result", "--save-detailed", "--result-dir", str(Path(req.result_path).parent),
         "--result-filename", Path(req.result_path).name,
     ]
     if req.prefix_len:
@@ -207,7 +208,22 @@ def parse_result(result: Mapping[str, Any], num_prompts: int | None = None) -> d
         rec[k] = _num(result.get(k))
     for k in SPEC_METRICS:
         rec[k] = _num(result.get(k))
+    rec["first_ttft_ms"] = first_ttft_ms(result)
     return rec
+
+
+def first_ttft_ms(result: Mapping[str, Any]) -> float | None:
+    """The slowest TTFT (ms) among the round's first requests: the ``max_concurrency`` earliest to start,
+    the ones that pay a cold start (``--save-detailed``'s ``ttfts`` and ``start_times``); None without them."""
+    ttfts, starts = result.get("ttfts"), result.get("start_times")
+    if not isinstance(ttfts, list) or not ttfts:
+        return None
+    order = range(len(ttfts))
+    if isinstance(starts, list) and len(starts) == len(ttfts) and all(x is not None for x in starts):
+        order = sorted(order, key=lambda i: starts[i])
+    k = max(1, int(result.get("max_concurrency") or 1))
+    first = [ttfts[i] for i in list(order)[:k] if ttfts[i]]
+    return max(first) * 1000 if first else None
 
 
 def _num(v: Any) -> float | None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Summary", "summarize", "spread_rel", "round_validity", "client_bound", "CLIENT_BOUND_FRACTION", "Stability", "stability", "mad",
+__all__ = ["Summary", "summarize", "spread_rel", "round_validity", "client_bound", "CLIENT_BOUND_FRACTION", "cold_start", "Stability", "stability", "mad",
            "median", "STABILITY_METRIC"]
 
 STABILITY_METRIC = "output_throughput"
@@ -115,6 +115,17 @@ def client_bound(result: Mapping[str, Any], ceiling: float | None) -> tuple[bool
         return True, (f"client-bound: {tput:.4g} tok/s is {frac:.0%} of the client's own ceiling {ceiling:.4g} "
                       f"(>= {CLIENT_BOUND_FRACTION:.0%})")
     return False, f"{frac:.1%} of the client's ceiling {ceiling:.4g} tok/s"
+
+
+def cold_start(result: Mapping[str, Any], factor: float) -> tuple[bool, str]:
+    """(flagged, why): the round's first requests waited ``factor`` times its median TTFT or more (pure)."""
+    first, med = result.get("first_ttft_ms"), result.get("p50_ttft_ms")
+    if first is None or not med:
+        return False, "first requests' TTFT unknown"
+    ratio = first / med
+    if ratio >= factor:
+        return True, f"cold start: first requests' TTFT {first:.0f} ms is {ratio:.1f}x the median {med:.0f} ms"
+    return False, f"first requests' TTFT {ratio:.1f}x the median"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, par
                           run_client)
 from steps._evidence import Check, UsageError, write_json_atomic
 from steps._sampler import Sampler
-from steps._stats import Stability, client_bound, round_validity, stability, summarize
+from steps._stats import Stability, client_bound, cold_start, round_validity, stability, summarize
 from workflows.graph import param_name
 
 NAME = "perf"
@@ -76,6 +76,8 @@ class CaseResult:
     headroom: float | None = None
     client_ceiling: float | None = None      # output tok/s of the same requests against a zero-cost server
     client_ceiling_note: str = ""
+    warmup_prompts: int = 0
+    cold_start_retry: dict[str, Any] | None = None   # the first attempt, when its first round started cold
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -147,13 +149,25 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
             res.client_ceiling_note = f"{n} requests at concurrency {case.concurrency} in {ceil.get('duration_s'):.3g} s"
         except Exception as exc:  # a ceiling we could not measure is unknown, never a failed case
             res.client_ceiling_note = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0][:200]
-    if warmup and b.warmup_prompts > 0:
-        res.warmup = one("warmup", b.seed + WARMUP_SEED_OFFSET if warmup_seed is None else warmup_seed,
-                         b.warmup_prompts)
-    for i, seed in enumerate(seeds, start=1):
-        rec = one(f"round{i}", seed, n)
-        rec["round"] = i
-        res.rounds.append(rec)
+    warm_n = b.warmup_prompts
+    for attempt in (1, 2):
+        if warmup and warm_n > 0:
+            res.warmup = one(f"warmup{'' if attempt == 1 else attempt}",
+                             b.seed + WARMUP_SEED_OFFSET if warmup_seed is None else warmup_seed, warm_n)
+        res.rounds = []
+        for i, seed in enumerate(seeds, start=1):
+            rec = one(f"round{i}{'' if attempt == 1 else f'-again{attempt}'}", seed, n)
+            rec["round"] = i
+            rec["cold_start"], rec["cold_start_detail"] = cold_start(rec, b.cold_start_factor)
+            res.rounds.append(rec)
+        # a cold start that persists into the first round after the warmup: lengthen the warmup, measure again
+        if attempt == 1 and warmup and warm_n > 0 and res.rounds and res.rounds[0]["cold_start"]:
+            res.cold_start_retry = {"warmup_prompts": warm_n, "rounds": res.rounds,
+                                    "why": res.rounds[0]["cold_start_detail"]}
+            warm_n *= 2
+            continue
+        break
+    res.warmup_prompts = warm_n if warmup else 0
     res.stability = stability(res.rounds, b.spread_max_rel, b.rounds)
     heads = [r["headroom"] for r in res.rounds if r.get("headroom") is not None]
     res.headroom = min(heads) if heads else None
@@ -227,6 +241,14 @@ def case_checks(cr: CaseResult, spread_max: float, cluster: bool = False) -> lis
                              "only the engine, set this number")) if bound else
                             f"client ceiling {cr.client_ceiling:.4g} tok/s ({cr.client_ceiling_note}); fastest round "
                             f"{worst:.4g} tok/s = {worst / cr.client_ceiling:.1%} of it"))
+    cold = [r for r in cr.rounds if r.get("cold_start")]
+    retry = cr.cold_start_retry
+    again = (f"; round 1 started cold after {retry['warmup_prompts']} warmup prompts ({retry['why']}), so the warmup "
+             f"was lengthened to {cr.warmup_prompts} and the case measured again") if retry else ""
+    checks.append(Check(f"{cr.case}/warm", "skip" if cold else "pass", "first requests' TTFT < factor x median",
+                        len(cold), ("; ".join(f"round {r['round']}: {r['cold_start_detail']}" for r in cold)
+                                    + "; flagged: a cold start inside the measured window") if cold else
+                        f"no round paid a cold start{again}"))
     st = cr.stability
     t = case_table(cr.rounds)["output_throughput"]
     med = f"median {t['median']:.2f} tok/s (min {t['min']:.2f}, max {t['max']:.2f})" if t["median"] else "no data"

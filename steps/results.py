@@ -47,6 +47,7 @@ _NUM = [
     ("total_token_throughput", pa.float64()),
     *[(k, pa.float64()) for k in LATENCY_METRICS], *[(k, pa.float64()) for k in SPEC_METRICS],
     ("headroom", pa.float64()), ("client_ceiling", pa.float64()), ("client_bound", pa.bool_()),
+    ("first_ttft_ms", pa.float64()), ("cold_start", pa.bool_()),
     ("cpu_util_mean", pa.float64()), ("gpu_util_mean", pa.float64()),
     ("gpu_mem_used_frac_max", pa.float64()), ("gpu_power_w_max", pa.float64()),
     ("engine_rss_bytes_max", pa.float64()), ("engine_kv_usage_max", pa.float64()),

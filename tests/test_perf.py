@@ -128,3 +128,52 @@ def test_perf_real_engine(tmp_path, endpoint):
     head = next(c for c in v["checks"] if c["name"] == "c2-128-32/client-headroom")
     assert head["status"] == "pass" and head["observed"] < 0.1
     assert all(r is not None for r in read_rounds(store).column("client_ceiling").to_pylist())
+    # per-request TTFTs from the real client: the cold-start check has its input
+    assert all(r["first_ttft_ms"] > 0 for r in case["rounds"])
+    assert next(c for c in v["checks"] if c["name"] == "c2-128-32/warm")["status"] in ("pass", "skip")
+
+
+def _detailed(ttfts_s, starts=None, conc=2):
+    n = len(ttfts_s)
+    return {"completed": n, "failed": 0, "num_prompts": n, "duration": 1.0, "output_throughput": 40.0,
+            "max_concurrency": conc, "ttfts": ttfts_s, "start_times": starts or list(range(n)),
+            "p50_ttft_ms": sorted(ttfts_s)[n // 2] * 1000}
+
+
+def test_first_ttft_is_the_slowest_of_the_earliest_starts():
+    from steps._bench import first_ttft_ms
+    # the third request started first: it is one of the first `concurrency` two
+    r = _detailed([0.1, 0.1, 0.9, 0.1, 0.1, 0.1], starts=[2, 3, 1, 4, 5, 6])
+    assert first_ttft_ms(r) == pytest.approx(900.0)
+    assert first_ttft_ms({"ttfts": None}) is None
+
+
+def test_cold_start_flag_uses_the_profile_factor():
+    from steps._bench import parse_result
+    from steps._stats import cold_start
+    cold = parse_result(_detailed([0.5, 0.1, 0.1, 0.1, 0.1, 0.1]))
+    assert cold_start(cold, 3.0)[0] and not cold_start(cold, 6.0)[0]
+    assert not cold_start(parse_result(_detailed([0.12, 0.1, 0.1, 0.1])), 3.0)[0]
+
+
+def test_a_cold_first_round_lengthens_the_warmup_and_measures_again(tmp_path, monkeypatch):
+    from steps import perf
+    from steps._bench import ClientRun
+    calls = []
+
+    def fake_client(req, python=None):
+        calls.append((req.num_prompts, req.result_path.name))
+        first_round = req.result_path.name.endswith("round1.json")
+        ttfts = [0.6] + [0.1] * (req.num_prompts - 1) if first_round else [0.1] * req.num_prompts
+        return ClientRun(_detailed(ttfts), 1.0, 1.0, "fake")
+
+    monkeypatch.setattr(perf, "run_client", fake_client)
+    prof = load_profile("local-cpu")
+    case = prof.bench.cases[0]
+    res = perf.measure_case(case, prof, endpoint="http://127.0.0.1:9", tokenizer="t", out=tmp_path, meta={},
+                            sample_interval=60.0)
+    warmups = [n for n, name in calls if "warmup" in name]
+    assert warmups == [prof.bench.warmup_prompts, 2 * prof.bench.warmup_prompts]
+    assert res.cold_start_retry["rounds"][0]["cold_start"] and not any(r["cold_start"] for r in res.rounds)
+    warm = next(c for c in perf.case_checks(res, 0.5) if c.name.endswith("/warm"))
+    assert warm.status == "pass" and f"lengthened to {2 * prof.bench.warmup_prompts}" in warm.detail
