@@ -24,7 +24,9 @@ stand-in engine (rank 0 answers /health, /v1/models, /v1/completions on 127.0.0.
 What a real kubelet does that this one does not:
 
 - images: no pulls, no layers, no root filesystem; an image reference maps (through the
-  constructor's table) to a PATH, an entrypoint and working dir on this machine. An image
+  constructor's table) to a PATH, an entrypoint and working dir on this machine. A
+  container sees this machine's filesystem with its volumes, its own /etc/hosts and its
+  own empty /tmp mounted over it. An image
   not in the table is ErrImagePull, then ImagePullBackOff, and the pod stays Pending, as
   on a real node (a real kubelet does not fail a pod for that, whatever its restartPolicy);
 - cgroups and resource limits: nothing is limited or accounted, so no OOMKilled; no user
@@ -795,7 +797,7 @@ class ProcessKubelet:
 
     def _extra_mounts(self, run: _Pod, spec: dict[str, Any], image: ImageRun, c: ContainerRun) -> list[Mount]:
         """What the runtime and kubelet add: the image's own dirs, /etc/hosts, the termination-message file,
-        the service-account token (unless a volume already sits there or automount is off)."""
+        a private /tmp, the service-account token (unless a volume already sits there or automount is off)."""
         hosts = run.dir / "etc-hosts"
         if not hosts.exists():
             hosts.write_text(self._hosts_text(run.name))
@@ -807,6 +809,11 @@ class ProcessKubelet:
         extra += [Mount(str(hosts), "/etc/hosts"),
                   Mount(str(term), spec.get("terminationMessagePath") or "/dev/termination-log")]
         mounted = {vm["mountPath"].rstrip("/") for vm in spec.get("volumeMounts") or []}
+        if "/tmp" not in mounted:     # an image's /tmp is the container's own, not shared with the host's
+            tmp = run.dir / "tmp" / c.name
+            tmp.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o1777)
+            extra.append(Mount(str(tmp), "/tmp"))
         auto = run.pod["spec"].get("automountServiceAccountToken")
         if SA_DIR not in mounted and auto is not False:
             sa = run.dir / "serviceaccount"
