@@ -40,26 +40,26 @@ What a real kubelet does that this one does not:
 - probes: none run; a running container is ready;
 - volume errors (a missing hostPath Directory, a missing ConfigMap) keep the pod Pending
   and are retried, with an event, as a real kubelet's FailedMount;
-- the kubelet API: with ``tls`` (:mod:`box.kubeletserver`) it serves ``pods/log`` and a
-  stream-less ``pods/exec`` (the command runs in the container's namespaces, the caller gets
-  an error and no output) through the API server, which then needs
-  ``--kubelet-certificate-authority``; attach, port-forward and exec's streams do not exist.
-  Without ``tls`` there is no kubelet endpoint at all and ``pods/log``/``pods/exec`` fail;
-  :meth:`ProcessKubelet.logs` works either way. Argo's controller signals running pods on
-  ``argo stop``/``terminate`` through ``pods/exec`` (``argoexec kill 15 1``, errors
-  ignored): with ``tls`` the step really gets SIGTERM; without, the controller still marks
-  the node Failed and the pod's processes run to their end (or until the pod is deleted).
+- the kubelet API: :mod:`box.kubeletserver` serves only ``pods/log`` and a stream-less
+  ``pods/exec`` (the command runs in the container's namespaces, the caller gets an error
+  and no output); attach, port-forward, exec's streams, stats and metrics do not exist.
+  That is enough for Argo's controller, which signals running pods on ``argo stop`` and
+  ``argo terminate`` through ``pods/exec`` (``argoexec kill 15 1``, errors ignored): the
+  step really gets SIGTERM. With ``tls=False`` there is no endpoint: ``pods/log`` answers
+  500 and a stopped step runs to its end; :meth:`ProcessKubelet.logs` works either way.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -86,6 +86,22 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# what images/steps/Dockerfile copies into /opt/gauntlet/app
+IMAGE_APP = ("pyproject.toml", "README.md", "workflows", "steps", "params", "images")
+
+
+def image_app_dir(repo: Path = REPO) -> Path:
+    """/opt/gauntlet/app as the step image has it: links to the project's own folders only, so an
+    engine-image step's `cp -a /opt/gauntlet/app` copies what the image holds, not the venv and caches."""
+    d = Path(tempfile.gettempdir()) / f"gauntlet-box-app-{hashlib.sha256(str(repo).encode()).hexdigest()[:8]}"
+    d.mkdir(exist_ok=True)
+    for name in IMAGE_APP:
+        link = d / name
+        if not link.is_symlink():
+            link.symlink_to(repo / name)
+    return d
+
+
 def default_images(bin_dir: str | Path, executor_image: str, repo: Path = REPO) -> dict[ImageKey, ImageRun]:
     """The box's image table: the executor image → the box's argoexec; the step images (images/engines.yaml)
     → the project's venv with the repo at /opt/gauntlet/app (the step image's WORKDIR); engine images →
@@ -95,10 +111,11 @@ def default_images(bin_dir: str | Path, executor_image: str, repo: Path = REPO) 
     venv_bin = str(repo / ".venv" / "bin")
     argoexec = ImageRun(path=(str(bin_dir), *HOST_PATH))
     app = "/opt/gauntlet/app"
+    content = str(image_app_dir(repo))
     steps = ImageRun(entrypoint=("gauntlet",), path=(venv_bin, *HOST_PATH), workdir=app,
                      env={"GAUNTLET_IMAGES": f"{app}/images/engines.yaml", "PYTHONUNBUFFERED": "1",
-                          "PYTHONDONTWRITEBYTECODE": "1"}, mounts={app: str(repo)})
-    engine = ImageRun(path=(*HOST_PATH[:2], venv_bin, *HOST_PATH[2:]), workdir="/", mounts={app: str(repo)})
+                          "PYTHONDONTWRITEBYTECODE": "1"}, mounts={app: content})
+    engine = ImageRun(path=(*HOST_PATH[:2], venv_bin, *HOST_PATH[2:]), workdir="/", mounts={app: content})
     table: dict[ImageKey, ImageRun] = {executor_image: argoexec, "quay.io/argoproj/argoexec:*": argoexec}
     for img in load_images(repo / "images" / "engines.yaml").values():
         run = engine if img.engine else steps
@@ -299,8 +316,9 @@ class ProcessKubelet:
     ``workdir``: pods, volumes, PVC dirs (:meth:`claim_dir`), logs, stand-in attempts and ``kubelet.log`` go here;
     ``host_roots``: node → a directory standing for that node's root filesystem in hostPath volumes (two
     nodes, two model caches), a node not in it uses this machine's paths;
-    ``tls``: (cert, key) of the kubelet endpoint for ``pods/log`` and ``pods/exec``
-    (:func:`box.kubeletserver.serving_cert`; the API server needs ``--kubelet-certificate-authority``).
+    ``tls``: (cert, key) of the kubelet endpoint for ``pods/log`` and ``pods/exec`` (:mod:`box.kubeletserver`);
+    None: a self-signed one (an API server without ``--kubelet-certificate-authority`` does not verify it);
+    False: no endpoint (``pods/log`` through the API server then answers 500).
     """
 
     def __init__(self, api_client: Any, nodes: Sequence[str], *, workdir: str | Path,
@@ -308,7 +326,7 @@ class ProcessKubelet:
                  gpus_per_node: int = 0, cpu: str = "64", memory: str = "512Gi", max_pods: int = 110,
                  ca_file: str | None = None, python: str | None = None, resync_s: float = 2.0,
                  heartbeat_s: float = 10.0, backoff_s: tuple[float, float] = (1.0, 10.0),
-                 tls: tuple[str | Path, str | Path] | None = None, host_roots: Mapping[str, str | Path] | None = None):
+                 tls: tuple[str | Path, str | Path] | None | bool = None, host_roots: Mapping[str, str | Path] | None = None):
         from kubernetes import client
 
         self.api = api_client
@@ -362,10 +380,11 @@ class ProcessKubelet:
         self.log.addHandler(handler)
         self.log.setLevel(logging.INFO)
         self.log.propagate = False
-        if self.tls:
-            from box.kubeletserver import KubeletServer
+        if self.tls is not False:
+            from box.kubeletserver import KubeletServer, self_signed_cert
 
-            self.server = KubeletServer(*self.tls, logs=self._logs_or_none, exec_=self._exec_in).start()
+            cert, key = self.tls if isinstance(self.tls, tuple) else self_signed_cert(self.workdir / "pki")
+            self.server = KubeletServer(cert, key, logs=self._logs_or_none, exec_=self._exec_in).start()
         for n in self.nodes:
             self._register(n)
         for name, fn in (("heartbeat", self._heartbeat_loop), ("pod-watch", self._watch_loop),
@@ -393,7 +412,7 @@ class ProcessKubelet:
 
     def logs(self, namespace: str, pod: str, container: str, previous: bool = False) -> str:
         """A container's stdout+stderr (the previous instance's with previous=True), '' when none: ``kubectl logs``
-        without the API server (``pods/log`` through it needs the ``tls`` kubelet endpoint)."""
+        read straight from this kubelet's files (the API server's ``pods/log`` serves the same text)."""
         d = self._log_path(namespace, pod, container, 0).parent
         runs = sorted(d.glob(f"{container}.*.log"), key=lambda f: int(f.name.rsplit(".", 2)[-2]))
         pick = runs[-2:-1] if previous else runs[-1:]

@@ -1,11 +1,13 @@
 """The two kubelet endpoints the API server proxies to that the box needs: logs and (stream-less) exec.
 
 The API server reaches a node's kubelet at the Node's InternalIP and
-``status.daemonEndpoints.kubeletEndpoint.Port`` over HTTPS, verifying the serving
-certificate against ``--kubelet-certificate-authority``. :func:`serving_cert` makes that
-certificate from the box's CA, so ``kubectl logs`` / ``pods/log`` (the deploy gate saves
-every rank's log through it, Argo's UI and ``argo logs`` read it) work through the real
-API server.
+``status.daemonEndpoints.kubeletEndpoint.Port`` over HTTPS. With
+``--kubelet-certificate-authority`` it verifies the serving certificate against that CA
+(:func:`serving_cert` signs one with the box's CA); without it, it does not verify at all
+(``transportConfig`` in k8s.io/kubernetes ``pkg/kubelet/client/kubelet_client.go`` sets
+``Insecure`` when no CA is given), so :func:`self_signed_cert` is enough. Either way
+``kubectl logs`` / ``pods/log`` (the deploy gate saves every rank's log through it, Argo's UI
+and ``argo logs`` read it) work through the real API server.
 
 ``/exec`` runs the command in the container's mount and PID namespaces (``nsenter``) but
 speaks no streaming protocol (no SPDY, no WebSocket): the command runs, its output is
@@ -24,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["KubeletServer", "serving_cert"]
+__all__ = ["KubeletServer", "serving_cert", "self_signed_cert"]
 
 Logs = Callable[[str, str, str, bool], str | None]              # ns, pod, container, previous → text (None: no pod)
 Exec = Callable[[str, str, str, list[str]], int | None]         # ns, pod, container, argv → exit code (None: none)
@@ -43,6 +45,20 @@ def serving_cert(ca_crt: str | Path, ca_key: str | Path, out_dir: str | Path) ->
         r = subprocess.run(["openssl", *args], capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"openssl {args[0]}: {r.stderr.strip()[-300:]}")
+    return crt, key
+
+
+def self_signed_cert(out_dir: str | Path) -> tuple[Path, Path]:
+    """A self-signed serving certificate for 127.0.0.1 (for an API server without a kubelet CA); (cert, key)."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    key, crt = d / "kubelet.key", d / "kubelet.crt"
+    if not (key.exists() and crt.exists()):
+        r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                            "-out", str(crt), "-days", "30", "-subj", "/CN=system:node:box",
+                            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"openssl req: {r.stderr.strip()[-300:]}")
     return crt, key
 
 
