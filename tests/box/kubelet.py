@@ -254,7 +254,7 @@ class _Pod:
         plan_file.parent.mkdir(parents=True, exist_ok=True)
         plan_file.write_text(json.dumps(plan, indent=1))
         self.plans[c.name] = plan
-        log = self.k._log_path(self.ns, self.name, c.name, c.restart_count)
+        log = self.k.workdir / "logs" / self.ns / self.name / self.uid[:8] / f"{c.name}.{c.restart_count}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         term = self.dir / "termination" / c.name
         term.write_text("")
@@ -413,13 +413,13 @@ class ProcessKubelet:
     def logs(self, namespace: str, pod: str, container: str, previous: bool = False) -> str:
         """A container's stdout+stderr (the previous instance's with previous=True), '' when none: ``kubectl logs``
         read straight from this kubelet's files (the API server's ``pods/log`` serves the same text)."""
-        d = self._log_path(namespace, pod, container, 0).parent
-        runs = sorted(d.glob(f"{container}.*.log"), key=lambda f: int(f.name.rsplit(".", 2)[-2]))
+        d = self._log_dir(namespace, pod)
+        runs = sorted(d.glob(f"{container}.*.log"), key=lambda f: int(f.name.rsplit(".", 2)[-2])) if d else []
         pick = runs[-2:-1] if previous else runs[-1:]
         return pick[0].read_text(errors="replace") if pick else ""
 
     def _logs_or_none(self, namespace: str, pod: str, container: str, previous: bool) -> str | None:
-        known = self._log_path(namespace, pod, container, 0).parent.exists()
+        known = self._log_dir(namespace, pod) is not None
         return self.logs(namespace, pod, container, previous) if known else None
 
     def _exec_in(self, namespace: str, pod: str, container: str, argv: list[str]) -> int | None:
@@ -440,8 +440,10 @@ class ProcessKubelet:
                       (r.stdout + r.stderr).decode(errors="replace")[-300:])
         return r.returncode
 
-    def _log_path(self, ns: str, pod: str, container: str, n: int) -> Path:
-        return self.workdir / "logs" / ns / pod / f"{container}.{n}.log"
+    def _log_dir(self, ns: str, pod: str) -> Path | None:
+        """The newest pod of that name's log dir (a StatefulSet pod comes back with the same name, a new uid)."""
+        dirs = list((self.workdir / "logs" / ns / pod).glob("*/"))
+        return max(dirs, key=lambda d: d.stat().st_mtime) if dirs else None
 
     def _fault(self, where: str, exc: BaseException) -> None:
         line = f"{where}: {type(exc).__name__}: {exc}"
@@ -871,6 +873,9 @@ class ProcessKubelet:
         sets = self._list(self.apps.list_stateful_set_for_all_namespaces)
         for uid, path in list(self.hosts_files.items()):
             run = self.pods.get(uid)
+            if run is None or run.done:
+                self.hosts_files.pop(uid, None)
+                continue
             text = hosts_text(services, sets, pods, run.name if run else "localhost")
             if path.exists() and path.read_text() != text:
                 with open(path, "r+") as fh:
