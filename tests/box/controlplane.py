@@ -138,7 +138,7 @@ class ControlPlane:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def start(self, timeout_s: float = 90) -> ControlPlane:
+    def start(self, timeout_s: float = 240) -> ControlPlane:
         t0 = time.monotonic()
         self.binaries = self.binaries or ensure_built()
         if self.workdir is None:

@@ -17,6 +17,7 @@ played by ``box/standin.py``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from box.build import cache_root
 from params import load_profile, profile_path
 from workflows.graph import build_graph
 from workflows.render import RUN_LABEL, cron_name, render_documents, template_name
@@ -145,11 +147,19 @@ class BoxSession:
         for _name, doc in self.docs.items():
             for d in doc if isinstance(doc, list) else [doc]:
                 box.apply(d)
-        for _node, root in self.node_roots.items():
-            cache = root / self.profile.model.host_cache_path.lstrip("/")
-            if not (cache / self.profile.model.marker).is_file():
-                synth_from_profile(self.profile, cache, sparse=True)
-                write_marker(cache, self.profile.model.revision, self.profile.model.marker)
+        # one sparse 96-shard layout per profile in the box's cache, hard-linked into each node's cache
+        m = self.profile.model
+        key = hashlib.sha256(m.model_dump_json().encode()).hexdigest()[:12]
+        seed = cache_root() / "models" / f"{self.profile.name}-{key}"
+        if not (seed / m.marker).is_file():
+            shutil.rmtree(seed, ignore_errors=True)
+            synth_from_profile(self.profile, seed, sparse=True)
+            write_marker(seed, m.revision, m.marker)
+        for node in self.node_roots:
+            cache = self.model_cache(node)
+            if not (cache / m.marker).is_file():
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                subprocess.run(["cp", "-al", str(seed), str(cache)], check=True)
         self.apply_other_team()
         self._watch.start()
 
@@ -208,6 +218,10 @@ class BoxSession:
         if sc.corrupt_node:
             shard = sorted(self.model_cache(sc.corrupt_node).glob("*.safetensors"))[3]
             size = shard.stat().st_size
+            # the shard is a hard link shared with the other node: give this node its own sparse copy first
+            private = shard.with_name(shard.name + ".private")
+            subprocess.run(["cp", "--sparse=always", str(shard), str(private)], check=True)
+            private.replace(shard)
             with shard.open("r+b") as fh:
                 fh.truncate(size - 1)
         try:
