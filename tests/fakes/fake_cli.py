@@ -34,7 +34,10 @@ class Fake:
         (out / "argv.json").write_text(json.dumps(sys.argv))
         if os.environ.get("FAKE_SLOW") == out.name:
             time.sleep(120)
-        return self.body(args, out)
+        result = self.body(args, out)
+        if os.environ.get("FAKE_SLOW_AFTER") == out.name:      # e.g. deploy: the engine is up, the step still runs
+            time.sleep(120)
+        return result
 
 
 def _pass(args, out):
@@ -70,6 +73,9 @@ MODULES = {"fake-pass": Fake("fake-pass", _pass), "perf": Fake("perf", _pass), "
 def main(argv):
     assert argv[0] == "step"
     mod = MODULES[argv[1]]
+    if argv[1] == "cleanup" and os.environ.get("FAKE_SLOW") == "cleanup":
+        (Path(argv[argv.index("--out") + 1])).mkdir(parents=True, exist_ok=True)
+        time.sleep(120)                                          # the exit handler has started, nothing released yet
     p = argparse.ArgumentParser()
     p.add_argument("--profile")
     p.add_argument("--out", required=True)
