@@ -373,3 +373,56 @@ def test_kubelet_endpoint_serves_logs_and_runs_exec_over_tls(tmp_path):
         assert ran == [("ns", "p", "main", ["/var/run/argo/argoexec", "kill", "15", "1"])]
     finally:
         server.stop()
+
+
+# ---- on the box (marker argo): the real Argo controller and argoexec through this kubelet ----
+
+@pytest.mark.argo
+def test_real_argoexec_reports_outputs_retries_and_logs_through_the_kubelet(box_session):
+    """A plain container's output parameter set by the real argoexec; a stand-in exiting 75 then passing,
+    retried by Argo; the step's log read through the API server's pods/log from the kubelet endpoint."""
+    import time
+
+    from params import load_images
+
+    s, box = box_session, box_session.box
+    step_image = load_images()["steps"].ref
+    node = s.profile.hardware.nodes[0].name
+    s.kubelet.set_standins({"kubelet-probe": [{"exit": 75}, {"exit": 0, "outputs": {"answer": "42"}}]})
+    name = f"kubelet-probe-{int(time.time())}"
+    wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name, "namespace": s.ns},
+          "spec": {"entrypoint": "main", "serviceAccountName": s.profile.service_account,
+                   "nodeSelector": {"kubernetes.io/hostname": node}, "templates": [
+                       {"name": "main", "dag": {"tasks": [{"name": "hello", "template": "hello"},
+                                                          {"name": "probe", "template": "probe",
+                                                           "depends": "hello.Succeeded"}]}},
+                       {"name": "hello", "container": {"image": step_image,
+                                                       "command": ["sh", "-c", "echo hi > /tmp/x; echo said hi"]},
+                        "outputs": {"parameters": [{"name": "x", "valueFrom": {"path": "/tmp/x"}}]}},
+                       {"name": "probe", "metadata": {"labels": {"gauntlet.dev/step": "kubelet-probe"}},
+                        "retryStrategy": {"limit": 2, "retryPolicy": "Always", "backoff": {"duration": "1s"}},
+                        "container": {"image": step_image, "command": ["gauntlet"],
+                                      "args": ["step", "kubelet-probe", "--out", "/tmp/probe"]},
+                        "outputs": {"parameters": [{"name": "answer",
+                                                    "valueFrom": {"path": "/tmp/probe/outputs/answer"}}]}}]}}
+    status, out = box.request("POST", f"/apis/argoproj.io/v1alpha1/namespaces/{s.ns}/workflows", wf)
+    assert status == 201, out
+    deadline = time.monotonic() + 170
+    while time.monotonic() < deadline:
+        _, got = box.request("GET", f"/apis/argoproj.io/v1alpha1/namespaces/{s.ns}/workflows/{name}")
+        st = got.get("status") or {}
+        if st.get("phase") in ("Succeeded", "Failed", "Error") and st.get("finishedAt"):
+            break
+        time.sleep(1)
+    nodes = {n["displayName"]: n for n in (st.get("nodes") or {}).values()}
+    assert st.get("phase") == "Succeeded", {k: (n["phase"], n.get("message")) for k, n in nodes.items()}
+
+    def params(n: dict) -> dict:
+        return {p["name"]: p.get("value") for p in (n.get("outputs") or {}).get("parameters", [])}
+    assert params(nodes["hello"]) == {"x": "hi"}
+    assert [(nodes[f"probe({i})"]["outputs"] or {}).get("exitCode") for i in (0, 1)] == ["75", "0"]
+    assert params(nodes["probe"]) == {"answer": "42"}
+    pod = next(p for p in s.kubelet.pods.values() if p.name.startswith(f"{name}-hello-"))
+    code, log = box.request("GET", f"/api/v1/namespaces/{s.ns}/pods/{pod.name}/log?container=main")
+    assert code == 200 and "said hi" in str(log)
+    assert s.kubelet.errors == []
