@@ -186,25 +186,18 @@ class BoxSession:
                                if not p["metadata"].get("deletionTimestamp"))}
 
     def _watch_pods(self) -> None:
-        """Every pod ever created in the namespace (a pod may be garbage-collected before we look)."""
-        rv = ""
+        """Every pod ever created in the namespace (Argo's podGC may delete one before we look)."""
+        from kubernetes import client, watch
+
+        api = self.box.api_client()
+        core = client.CoreV1Api(api)
         while not self._stop.is_set():
             try:
-                status, lst = self.box.request("GET", f"/api/v1/namespaces/{self.ns}/pods")
-                if status == 200:
-                    for p in lst.get("items", []):
-                        self.pods_seen.setdefault(p["metadata"]["uid"], p)
-                    rv = lst["metadata"]["resourceVersion"]
-                _, ev = self.box.request(
-                    "GET", f"/api/v1/namespaces/{self.ns}/pods?watch=1&timeoutSeconds=5&resourceVersion={rv}")
-                # a watch body is newline-delimited JSON events; request() hands back the text
-                for line in (ev if isinstance(ev, str) else json.dumps(ev)).splitlines():
-                    try:
-                        obj = json.loads(line).get("object") or {}
-                    except ValueError:
-                        continue
-                    if obj.get("metadata", {}).get("uid"):
-                        self.pods_seen.setdefault(obj["metadata"]["uid"], obj)
+                for ev in watch.Watch().stream(core.list_namespaced_pod, self.ns, timeout_seconds=5):
+                    pod = api.sanitize_for_serialization(ev["object"])
+                    self.pods_seen.setdefault(pod["metadata"]["uid"], pod)
+                    if self._stop.is_set():
+                        return
             except Exception:   # noqa: BLE001 - the watcher must outlive a restarting API server
                 time.sleep(0.5)
 
@@ -212,7 +205,7 @@ class BoxSession:
         self._stop.set()
 
     # one scenario -------------------------------------------------
-    def submit(self, sc: Scenario, timeout_s: float = 170) -> Outcome:
+    def submit(self, sc: Scenario, timeout_s: float = 600) -> Outcome:
         self.kubelet.set_standins(sc.standins())
         params = {"engines": "sglang", "results-uri": "/runs/results", "retry-backoff": "1s", **sc.parameters}
         if sc.corrupt_node:
