@@ -354,14 +354,18 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
                      f"| {_fmt(lb.get('centre'), 2)} | {ch} | {lb.get('nights')} | "
                      f"{'yes' if lb.get('suspected') else 'no'} | {conf} | {cch} |")
         L.append("")
+        origins: dict[str, tuple[list[str], dict[str, Any]]] = {}   # one line per case and origin
         for lb in labels:
             o = lb.get("origin") or {}
             if o.get("last_good"):
-                what = "; ".join(f"{k}: `{v['last_good']}` → `{v['first_bad']}`" for k, v in o["differed"].items())
-                L += [f"Where {lb['engine']}/{lb['case']} {lb['metric']} changed: last good night "
-                      f"{o['last_good']['run_id']} ({o['last_good'].get('timestamp') or '?'}), first bad night "
-                      f"{o['first_bad']['run_id']} ({o['first_bad'].get('timestamp') or '?'}); "
-                      f"{what or 'same image digest, engine args, model, git revision and nodes'}.", ""]
+                key = f"{lb['engine']}/{lb['case']} " + json.dumps(o, sort_keys=True, default=str)
+                origins.setdefault(key, ([], o))[0].append(lb["metric"])
+        for key, (metrics, o) in origins.items():
+            what = "; ".join(f"{k}: `{v['last_good']}` → `{v['first_bad']}`" for k, v in o["differed"].items())
+            L += [f"Where {key.split(' ')[0]} ({', '.join(metrics)}) changed: last good night "
+                  f"{o['last_good']['run_id']} ({o['last_good'].get('timestamp') or '?'}), first bad night "
+                  f"{o['first_bad']['run_id']} ({o['first_bad'].get('timestamp') or '?'}); "
+                  f"{what or 'same image digest, engine args, model, git revision and nodes'}.", ""]
         rounds = {k: r for d in reg.values() for k, r in ((d.get("metrics") or {}).get("rounds") or {}).items()}
         suspected = sorted({f"{lb['engine']}/{lb['case']}" for lb in labels if lb.get("suspected")})
         for key in suspected:

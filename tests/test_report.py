@@ -163,8 +163,8 @@ def test_report_names_where_a_regression_came_from(tmp_path):
                                               "change_rel": -0.09, "nights": 14, "origin": origin}]}
                ).write(run / "regress")
     reg = write_report(run, []).read_text().split("## Nightly regression")[1]
-    assert ("last good night n12 (2026-11-30T02:00:00), first bad night n13 (2026-12-01T02:00:00); "
-            "image_digest: `sha256:aaa` → `sha256:bbb`.") in reg
+    assert ("Where vllm/c2-128-32 (output_throughput) changed: last good night n12 (2026-11-30T02:00:00), "
+            "first bad night n13 (2026-12-01T02:00:00); image_digest: `sha256:aaa` → `sha256:bbb`.") in reg
 
 
 def _nights(n, drop_last=False):
