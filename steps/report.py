@@ -459,11 +459,16 @@ def _plots(run_dir: Path, data: Mapping[str, Any], profile: Any, history: Any) -
         for ax, ((e, c), pts) in zip(axes[:, 0], sorted(series.items())):
             when = [p["date"] for p in pts]
             banded = [p for p in pts if p["lo"] is not None]
-            if banded:
+            if len(banded) == 1:       # one judged night: its band as a bar, not a zero-width fill
+                p = banded[0]
+                ax.errorbar([p["date"]], [p["centre"]], yerr=[[p["centre"] - p["lo"]], [p["hi"] - p["centre"]]],
+                            fmt="none", ecolor="tab:blue", alpha=0.5, lw=6, label="band (suspect beyond)")
+            elif banded:
                 ax.fill_between([p["date"] for p in banded], [p["lo"] for p in banded], [p["hi"] for p in banded],
                                 step="mid", alpha=0.2, color="tab:blue", label="band (suspect beyond)")
+            if banded:
                 ax.plot([p["date"] for p in banded], [p["centre"] for p in banded], color="tab:blue", lw=0.8,
-                        ls="--", label="history median")
+                        ls="--", marker="_" if len(banded) == 1 else None, label="history median")
             ax.plot(when, [p["value"] for p in pts], marker="o", ms=3, lw=1, color="black", label="night median")
             bad = [p for p in pts if p["suspected"]]
             if bad:
