@@ -9,8 +9,8 @@ machine yields an almost empty list that looks like an answer. This reads the
 same modules' syntax trees instead: the same package directory, the same
 non-package modules, the same ``EntryClass`` assignments, the class names
 resolved through ``from x import A as B`` and ``B = A`` the way ``__name__``
-would resolve them. The architecture check uses it only where the import-based
-registry cannot be built; inside the engine image the real registry answers.
+would resolve them. engine-check reads it this way everywhere, inside the engine
+image too, so the answer does not depend on which model modules happen to import.
 """
 
 from __future__ import annotations
