@@ -17,9 +17,14 @@ Argo's pods get what Argo's executor gives them because the REAL ``argoexec`` ru
 runs the step and saves its outputs, ``argoexec wait`` writes the WorkflowTaskResult with
 the pod's own service-account token. Nothing here writes a WorkflowTaskResult. Gates that
 need GPUs are played by ``box/standin.py``: only the command after the emissary's ``--``
-changes, attempt n of a task gets the n-th behaviour of the stand-in table. Engine pods
+changes, attempt n of a task gets the n-th behaviour of the stand-in table, and a
+behaviour ``{"real": true}`` runs that attempt's real command (the first attempt of
+cleanup exits 75, the second cleans for real). Engine pods
 (label ``gauntlet.dev/component=engine``) run their init containers for real and a
-stand-in engine (rank 0 answers /health, /v1/models, /v1/completions on 127.0.0.1).
+stand-in engine (rank 0 answers /health, /v1/models, /v1/completions on 127.0.0.1);
+the table's ``"engine"`` entry gives the engine containers a behaviour per start
+(``{"exit": 1, "after_s": 2}``: every rank exits 1 after 2 s, as an engine that dies
+while loading; with a second, empty behaviour it serves after one restart).
 
 What a real kubelet does that this one does not:
 
@@ -79,6 +84,7 @@ REPO = Path(__file__).resolve().parents[2]
 BOX = Path(__file__).resolve().parent
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 ENGINE_LABEL = ("gauntlet.dev/component", "engine")
+ENGINE_STANDIN = "engine"   # stand-in table key for the engine ranks: {"exit": N, "after_s": S} per start
 TERMINAL = ("Succeeded", "Failed")
 
 
@@ -299,6 +305,12 @@ class _Pod:
         return limit is not None and time.monotonic() - self.started_mono > int(limit)
 
 
+def own_loopback() -> str:
+    """An address of 127/8 (all on the loopback interface on Linux) derived from this process's pid."""
+    pid = os.getpid()
+    return f"127.{100 + (pid >> 16) % 100}.{(pid >> 8) & 255}.{max(1, min(254, pid & 255))}"
+
+
 def _signal(proc: subprocess.Popen, sig: int) -> None:
     """nsexec forwards SIGTERM to the container's PID 1; its death (SIGKILL) takes the whole PID namespace."""
     try:
@@ -312,13 +324,17 @@ class ProcessKubelet:
 
     ``api_client``: an admin ``kubernetes.client.ApiClient``; ``nodes``: node names to register;
     ``images``: image reference (exact, ``prefix*`` or predicate) → :class:`ImageRun` (:func:`default_images`);
-    ``standins``: task or step name → behaviours per attempt (``{"exit", "status", "after_s", "outputs"}``);
+    ``standins``: task or step name → behaviours per attempt (``{"exit", "status", "after_s", "outputs"}``, or
+    ``{"real": true}`` for the real command); the key ``"engine"``: the engine containers' behaviour per start;
     ``workdir``: pods, volumes, PVC dirs (:meth:`claim_dir`), logs, stand-in attempts and ``kubelet.log`` go here;
     ``host_roots``: node → a directory standing for that node's root filesystem in hostPath volumes (two
     nodes, two model caches), a node not in it uses this machine's paths;
     ``tls``: (cert, key) of the kubelet endpoint for ``pods/log`` and ``pods/exec`` (:mod:`box.kubeletserver`);
     None: a self-signed one (an API server without ``--kubelet-certificate-authority`` does not verify it);
-    False: no endpoint (``pods/log`` through the API server then answers 500).
+    False: no endpoint (``pods/log`` through the API server then answers 500);
+    ``address``: the loopback address every Service and StatefulSet pod name resolves to and the stand-in
+    engine listens on (default: one of 127/8 of this kubelet's own, so two boxes on one machine, whose engines
+    listen on the same container port, do not collide).
     """
 
     def __init__(self, api_client: Any, nodes: Sequence[str], *, workdir: str | Path,
@@ -326,7 +342,8 @@ class ProcessKubelet:
                  gpus_per_node: int = 0, cpu: str = "64", memory: str = "512Gi", max_pods: int = 110,
                  ca_file: str | None = None, python: str | None = None, resync_s: float = 2.0,
                  heartbeat_s: float = 10.0, backoff_s: tuple[float, float] = (1.0, 10.0),
-                 tls: tuple[str | Path, str | Path] | None | bool = None, host_roots: Mapping[str, str | Path] | None = None):
+                 tls: tuple[str | Path, str | Path] | None | bool = None, host_roots: Mapping[str, str | Path] | None = None,
+                 address: str | None = None):
         from kubernetes import client
 
         self.api = api_client
@@ -356,6 +373,7 @@ class ProcessKubelet:
         self.tls, self.server = tls, None
         self.registered_at = now()
         self.host_roots = {n: Path(r) for n, r in (host_roots or {}).items()}
+        self.address = address or own_loopback()
 
     def set_standins(self, standins: Mapping[str, Sequence[dict[str, Any]]]) -> None:
         """Replace the stand-in table (pods started from now on use it); attempts already counted stay."""
@@ -801,11 +819,16 @@ class ProcessKubelet:
         argv = container_argv(spec, image, env)
         labels = pod["metadata"].get("labels") or {}
         if not c.init and labels.get(ENGINE_LABEL[0]) == ENGINE_LABEL[1]:
-            argv = engine_argv(pod, spec, self.python, str(BOX / "standin.py"))
+            # the table's "engine" entry: behaviour per start of an engine container (every pod, every restart)
+            behaviour = choose_behaviour(self.standins.get(ENGINE_STANDIN) or [],
+                                         self._attempt(f"{ENGINE_STANDIN}/{run.ns}/{run.name}/{c.name}",
+                                                       f"{run.uid}/{c.restart_count}"))
+            argv = engine_argv(pod, spec, self.python, str(BOX / "standin.py"), behaviour, self.address)
         elif c.name == "main" and (found := standin_behaviours(self.standins, pod)):
             step, behaviours = found
             behaviour = choose_behaviour(behaviours, self._attempt(standin_key(pod), run.uid))
-            argv = standin_argv(argv, self.python, str(BOX / "standin.py"), step, behaviour)
+            if not behaviour.get("real"):        # {"real": true}: this attempt runs the step itself
+                argv = standin_argv(argv, self.python, str(BOX / "standin.py"), step, behaviour)
         if not argv:
             raise ConfigError(f"container {c.name}: no command and the image table gives no entrypoint")
         mounts = mount_plan(spec, run.volumes, self._extra_mounts(run, spec, image, c))
@@ -876,7 +899,7 @@ class ProcessKubelet:
             if run is None or run.done:
                 self.hosts_files.pop(uid, None)
                 continue
-            text = hosts_text(services, sets, pods, run.name if run else "localhost")
+            text = hosts_text(services, sets, pods, run.name if run else "localhost", self.address)
             if path.exists() and path.read_text() != text:
                 with open(path, "r+") as fh:
                     fh.write(text)
@@ -885,7 +908,7 @@ class ProcessKubelet:
     def _hosts_text(self, hostname: str) -> str:
         return hosts_text(self._list(self.core.list_service_for_all_namespaces),
                           self._list(self.apps.list_stateful_set_for_all_namespaces),
-                          self._list(self.core.list_pod_for_all_namespaces), hostname)
+                          self._list(self.core.list_pod_for_all_namespaces), hostname, self.address)
 
     @staticmethod
     def _list(method: Callable[..., Any]) -> list[dict[str, Any]]:

@@ -198,13 +198,14 @@ def mountpoint_on_host(mounts: Sequence[Mount], index: int) -> str:
 
 
 def hosts_text(services: Sequence[dict[str, Any]], statefulsets: Sequence[dict[str, Any]],
-               pods: Sequence[dict[str, Any]], own_hostname: str) -> str:
-    """/etc/hosts for a pod: every Service and StatefulSet/subdomain pod name resolves to the loopback."""
-    lines = ["# the box's process kubelet: no cluster network, every Service and pod is on 127.0.0.1",
+               pods: Sequence[dict[str, Any]], own_hostname: str, address: str = LOOPBACK) -> str:
+    """/etc/hosts for a pod: every Service and StatefulSet/subdomain pod name resolves to ``address``, a
+    loopback address (the kubelet's own one in 127/8, so two boxes on one machine do not share ports)."""
+    lines = ["# the box's process kubelet: no cluster network, every Service and pod is on " + address,
              f"{LOOPBACK}\tlocalhost {own_hostname}", "::1\tlocalhost ip6-localhost ip6-loopback"]
 
     def add(names: list[str]) -> None:
-        lines.append(f"{LOOPBACK}\t" + " ".join(names))
+        lines.append(f"{address}\t" + " ".join(names))
 
     for s in sorted(services, key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"])):
         n, ns = s["metadata"]["name"], s["metadata"]["namespace"]
@@ -347,9 +348,10 @@ def standin_argv(argv: Sequence[str], python: str, script: str, step: str, behav
                    json.dumps(behaviour, sort_keys=True)]
 
 
-def engine_argv(pod: dict[str, Any], container: dict[str, Any], python: str, script: str) -> list[str]:
+def engine_argv(pod: dict[str, Any], container: dict[str, Any], python: str, script: str,
+                behaviour: dict[str, Any] | None = None, host: str = LOOPBACK) -> list[str]:
     """The stand-in engine for one rank: the container's http port, the rank from the pod's ordinal,
-    the served name from the engine's own argv."""
+    the served name from the engine's own argv; a behaviour with ``exit`` makes it exit after ``after_s``."""
     ports = container.get("ports") or []
     port = next((p["containerPort"] for p in ports if p.get("name") == "http"), ports[0]["containerPort"] if ports
                 else 8000)
@@ -358,7 +360,9 @@ def engine_argv(pod: dict[str, Any], container: dict[str, Any], python: str, scr
     text = " ".join([*(container.get("command") or []), *(container.get("args") or [])])
     m = re.search(r"--served-model-name[= ]+(\S+)", text)
     name = shlex.split(m.group(1))[0] if m else "model"
-    return [python, script, "engine", "--port", str(port), "--rank", str(rank), "--served-name", name]
+    argv = [python, script, "engine", "--port", str(port), "--rank", str(rank), "--served-name", name]
+    argv += ["--host", host] if host != LOOPBACK else []
+    return argv + ["--behaviour", json.dumps(behaviour, sort_keys=True)] if behaviour else argv
 
 
 @dataclass

@@ -7,9 +7,10 @@ exits with the behaviour's code. A behaviour is ``{"exit": 75, "status": "error"
 "after_s": 0, "outputs": {...}, "detail": "..."}``; every key is optional (exit 0, the
 status that exit code means, no wait, no extra outputs).
 
-``standin.py engine --port P --rank R --served-name N``: plays an engine rank. Rank 0
-serves ``/health``, ``/v1/models`` and ``/v1/completions`` on 127.0.0.1:P; other ranks
-sleep. Both stop on SIGTERM (they may run as PID 1 of their container, where a signal
+``standin.py engine --port P --rank R --served-name N [--host A]``: plays an engine rank. Rank 0
+serves ``/health``, ``/v1/models`` and ``/v1/completions`` on A:P (A: 127.0.0.1 unless given); other ranks
+sleep. ``--behaviour '{"exit": 1, "after_s": 2}'`` makes a rank exit with that code after that
+many seconds instead (an engine dying while it loads). Both stop on SIGTERM (they may run as PID 1 of their container, where a signal
 without a handler is ignored).
 """
 
@@ -88,13 +89,17 @@ def _engine_handler(served_name: str) -> type[BaseHTTPRequestHandler]:
     return Engine
 
 
-def run_engine(port: int, rank: int, served_name: str) -> int:
+def run_engine(port: int, rank: int, served_name: str, behaviour: dict | None = None, host: str = "127.0.0.1") -> int:
     print(f"engine stand-in: rank {rank}, port {port}, model {served_name}", flush=True)
+    if behaviour and "exit" in behaviour:
+        time.sleep(float(behaviour.get("after_s", 0)))
+        print(f"engine stand-in: rank {rank} exits {behaviour['exit']} during start-up", flush=True)
+        return int(behaviour["exit"])
     if rank != 0:
         while True:
             time.sleep(3600)
-    server = ThreadingHTTPServer(("127.0.0.1", port), _engine_handler(served_name))
-    print(f"engine stand-in: serving on 127.0.0.1:{port}", flush=True)
+    server = ThreadingHTTPServer((host, port), _engine_handler(served_name))
+    print(f"engine stand-in: serving on {host}:{port}", flush=True)
     server.serve_forever()
     return 0
 
@@ -111,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--port", type=int, required=True)
     e.add_argument("--rank", type=int, default=0)
     e.add_argument("--served-name", default="model")
+    e.add_argument("--behaviour", default="{}")
+    e.add_argument("--host", default="127.0.0.1")
     a = p.parse_args(argv)
     if a.what == "step":
         return run_step(a.step, Path(a.out), json.loads(a.behaviour))
-    return run_engine(a.port, a.rank, a.served_name)
+    return run_engine(a.port, a.rank, a.served_name, json.loads(a.behaviour), a.host)
 
 
 if __name__ == "__main__":
