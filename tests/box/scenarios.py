@@ -346,8 +346,9 @@ def exit_handler_argv(pods: list[dict[str, Any]], workflow: str) -> list[str]:
         meta = p["metadata"]
         if (meta.get("labels") or {}).get("workflows.argoproj.io/workflow") != workflow:
             continue
-        if not (meta.get("annotations") or {}).get("workflows.argoproj.io/node-name", "").endswith(".onExit"):
-            continue
+        node = (meta.get("annotations") or {}).get("workflows.argoproj.io/node-name", "")
+        if _ATTEMPT.sub(r"\1", node) != f"{workflow}.onExit" or not node.endswith("(0)"):
+            continue             # the exit handler's first attempt: <workflow>.onExit(0)
         main = next(c for c in p["spec"]["containers"] if c["name"] == "main")
         argv = list(main.get("command") or []) + list(main.get("args") or [])
         return argv[argv.index("--") + 1:] if "--" in argv else argv
