@@ -16,6 +16,8 @@ Where they disagree, Argo is right.
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +28,24 @@ pytestmark = pytest.mark.argo
 _results: dict[str, object] = {}
 
 
+RECORD = Path(__file__).resolve().parent.parent / "build" / "box-conformance.json"
+
+
+def _record(name: str, **fields) -> None:
+    """The conformance table of docs/cluster.md: one row per scenario and back end."""
+    RECORD.parent.mkdir(exist_ok=True)
+    rows = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+    rows.setdefault(name, {}).update(fields)
+    RECORD.write_text(json.dumps(rows, indent=1, sort_keys=True))
+
+
 def _box(box_session, sc: Scenario):
     if sc.name not in _results:
-        _results[sc.name] = box_session.submit(sc)
+        out = box_session.submit(sc)
+        _results[sc.name] = out
+        _record(sc.name, argo={"phase": out.phase, "seconds": out.seconds, "exit_status": out.exit_status,
+                               "failures": sorted(out.failure_names()), "held_after": out.labelled_left,
+                               "gpu_pods": len(out.gpu_pods)})
     return _results[sc.name]
 
 
@@ -89,7 +106,12 @@ def test_nightly_regression_fails_and_still_reports(box_session):
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_local_runner_agrees_with_argo(box_session, sc: Scenario, tmp_path):
     box = _box(box_session, sc)
+    t0 = time.monotonic()
     local = run_locally(sc, box, tmp_path)
+    _record(sc.name, local={"phase": local.phase, "seconds": round(time.monotonic() - t0, 1),
+                            "exit_status": local.exit_status, "failures": sorted(local.failure_names()),
+                            "agrees": local.phase == box.phase and local.tasks == box.tasks
+                            and local.failure_names() == box.failure_names()})
     assert local.phase == box.phase
     differ = {t: (box.tasks.get(t), local.tasks.get(t)) for t in set(box.tasks) | set(local.tasks)
               if box.tasks.get(t) != local.tasks.get(t)}

@@ -107,6 +107,7 @@ class Outcome:
     run_dir: Path | None = None
     name: str = ""
     uid: str = ""
+    seconds: float = 0.0                           # submit to finished (exit handler included)
 
     def failure_names(self) -> set[str]:
         """The displayNames in the exit handler's --failures, the workflow's own name as <workflow>."""
@@ -228,6 +229,7 @@ class BoxSession:
             if r.returncode:
                 raise AssertionError(f"argo submit failed: {r.stderr.strip() or r.stdout.strip()}")
             name = r.stdout.strip().split("/")[-1]
+            t0 = time.monotonic()
             seen_before = set(self.pods_seen)
             wf = self._wait(name, sc, timeout_s)
         finally:
@@ -235,6 +237,7 @@ class BoxSession:
                 with shard.open("r+b") as fh:
                     fh.truncate(size)
         out = outcome_from_workflow(wf, list(self.pods_seen.values()))
+        out.seconds = round(time.monotonic() - t0, 1)
         out.gpu_pods = sorted(p["metadata"]["name"] for uid, p in self.pods_seen.items()
                               if uid not in seen_before and (p["metadata"].get("labels") or {}).get(RUN_LABEL)
                               == wf["metadata"]["uid"] and requests_gpu(p))
