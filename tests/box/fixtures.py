@@ -8,6 +8,7 @@ fails with the reason: never a silent skip.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,10 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         cp.start()
     except BoxError as exc:
         pytest.fail(f"the box did not start: {exc}", pytrace=False)
+    # start-up to a ready API server and a started controller, for docs/cluster.md
+    rec = Path(__file__).resolve().parents[2] / "build" / "box-startup.json"
+    rec.parent.mkdir(exist_ok=True)
+    rec.write_text(json.dumps({"startup_s": cp.startup_s, "built_s": binaries.built_s}))
     yield cp
     cp.stop()
 
