@@ -208,7 +208,7 @@ def test_step_pod_deleted_mid_run_fails_and_cleans(box_session):
     nodes = wf["status"]["nodes"]
     perf = [n for n in nodes.values() if n.get("type") == "Pod" and n["displayName"].startswith("perf")]
     assert out.phase == "Error", (out.phase, out.tasks)
-    assert out.exit_status == "Error", out.exit_status
+    assert cleanup_verdict(out)["metrics"].get("workflow_status") == "Error", cleanup_verdict(out)["metrics"]
     assert len(perf) == 1, f"Argo retried the deleted pod's step: {[n['displayName'] for n in perf]}"
     assert perf[0]["phase"] == "Error" and perf[0].get("message") == "pod deleted", perf[0]
     assert (perf[0].get("outputs") or {}).get("exitCode") is None, perf[0]["outputs"]
@@ -247,7 +247,8 @@ def test_active_deadline_reached_exit_handler_cleans(box_session):
     assert cleanup_verdict(out)["status"] == "pass"
     record("active-deadline", backend="argo", released=True,
            seconds=round(released_wall - (started + deadline_s), 1),
-           deadline_s=deadline_s, message=wf["status"].get("message"), exit_status=out.exit_status)
+           deadline_s=deadline_s, message=wf["status"].get("message"),
+           exit_status=cleanup_verdict(out)["metrics"].get("workflow_status"))
 
 
 def test_engine_exits_during_startup_deploy_fails_fast(box_session):
@@ -274,6 +275,32 @@ def test_engine_exits_during_startup_deploy_fails_fast(box_session):
     record("engine-exits-at-startup", backend="argo", released=True, seconds=round(released - t0, 1),
            deploy_seconds=took, ready_timeout_s=timeout_s, observed=ready["observed"],
            note="seconds from the engine StatefulSet's appearance to released")
+
+
+def test_engine_restarts_during_startup_deploy_fails_fast(box_session):
+    """Each rank exits once while loading, then serves after the kubelet restarts it: deploy still fails
+    (a restart during start-up is a problem, not readiness) and cleanup releases."""
+    s = box_session
+    name = submit_async(s, {"engine": [{"exit": 1, "after_s": 2}, {}]})
+    wf = wait_running(s, name, "sglang/deploy")
+    uid = wf["metadata"]["uid"]
+    until(lambda: engine_held(s, uid), 120, "the engine StatefulSet")
+    t0 = time.monotonic()
+    wf = wait_done(s, name)
+    out = outcome(s, wf)
+    assert out.phase == "Failed", out.tasks
+    assert out.tasks["sglang/deploy"] == "Failed" and out.attempts["sglang/deploy"] == [1], out.attempts
+    assert out.tasks.get("cleanup") == "Succeeded", out.tasks
+    deploy = json.loads((out.run_dir / "sglang" / "deploy" / "verdict.json").read_text())
+    ready = {c["name"]: c for c in deploy["checks"]}["ready"]
+    assert ready["status"] == "fail", ready
+    node = next(n for n in wf["status"]["nodes"].values() if n.get("type") == "Pod"
+                and n["displayName"].startswith("deploy"))
+    took = _seconds(node["startedAt"], node["finishedAt"])
+    assert took < 180, f"deploy took {took}s to fail"
+    released = wait_released(s, uid, timeout_s=30)
+    record("engine-restarts-at-startup", backend="argo", released=True, seconds=round(released - t0, 1),
+           deploy_seconds=took, observed=ready["observed"], note="seconds from the engine StatefulSet's appearance")
 
 
 def test_cleanup_transient_then_real_retried_and_released(box_session):
