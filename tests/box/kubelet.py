@@ -61,6 +61,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -204,6 +205,10 @@ class _Pod:
             self.done = True
             if not self.k.stopping.is_set():
                 self.report()
+            # Every Argo pod's emptyDir holds a ~200 MB copy of argoexec: a finished pod's volumes are
+            # reclaimed at once (a real kubelet waits for the pod's deletion), so a session's disk stays bounded.
+            if not os.environ.get("GAUNTLET_BOX_KEEP"):
+                shutil.rmtree(self.dir / "volumes", ignore_errors=True)
             self.k._wake.set()
 
     def _prepare_volumes(self) -> bool:
