@@ -103,7 +103,10 @@ def test_nightly_regression_fails_and_still_reports(box_session):
     assert (out.run_dir / "report.md").is_file()
 
 
-@pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
+REPLAYABLE = [s for s in SCENARIOS if s.local_counterpart]
+
+
+@pytest.mark.parametrize("sc", REPLAYABLE, ids=[s.name for s in REPLAYABLE])
 def test_local_runner_agrees_with_argo(box_session, sc: Scenario, tmp_path):
     box = _box(box_session, sc)
     t0 = time.monotonic()
@@ -118,3 +121,43 @@ def test_local_runner_agrees_with_argo(box_session, sc: Scenario, tmp_path):
     assert not differ, f"task phases (argo, local): {differ}"
     assert local.exit_status == box.exit_status
     assert local.failure_names() == box.failure_names()
+
+
+def test_second_run_on_the_pool_waits_for_the_mutex(box_session):
+    """Two submissions on one node pool: the second is held Pending on the pool's mutex until the first ends."""
+    from box.scenarios import GPU_STANDINS, outcome_from_workflow
+
+    box_session.kubelet.set_standins({**GPU_STANDINS, "sglang/smoke": [{"exit": 0, "after_s": 20}]})
+    ns, names = box_session.ns, []
+    for _ in range(2):
+        r = box_session.box.argo("submit", "-n", ns, "--from", "workflowtemplate/gauntlet-kimi-k3-h20",
+                                 "-p", "engines=sglang", "-p", "results-uri=/runs/results", "-p", "retry-backoff=1s",
+                                 "-o", "name")
+        assert r.returncode == 0, r.stderr
+        names.append(r.stdout.strip().split("/")[-1])
+
+    def wf(name):
+        return box_session.box.request("GET", f"/apis/argoproj.io/v1alpha1/namespaces/{ns}/workflows/{name}")[1]
+
+    held_while_first_ran = None
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        first, second = wf(names[0]), wf(names[1])
+        p1, p2 = (first.get("status") or {}).get("phase"), (second.get("status") or {}).get("phase")
+        if p1 == "Running" and held_while_first_ran is None:
+            held_while_first_ran = (p2, (second.get("status") or {}).get("message", ""),
+                                    (second.get("status") or {}).get("synchronization"))
+        if p1 in ("Succeeded", "Failed", "Error") and p2 in ("Succeeded", "Failed", "Error"):
+            break
+        time.sleep(1)
+    assert held_while_first_ran is not None, "the first run was never seen Running"
+    phase, message, sync = held_while_first_ran
+    assert phase in (None, "Pending") and "gauntlet-h20-kimi" in json.dumps(sync or message), held_while_first_ran
+    one, two = outcome_from_workflow(first, []), outcome_from_workflow(second, [])
+    assert (one.phase, two.phase) == ("Succeeded", "Succeeded")
+    # the second's first pod started only after the first run had finished
+    assert second["status"]["startedAt"] >= first["status"]["finishedAt"] or \
+        min(n.get("startedAt") or "9" for n in second["status"]["nodes"].values() if n.get("type") == "Pod") \
+        >= first["status"]["finishedAt"]
+    for w in (first, second):
+        assert box_session.held(w["metadata"]["uid"]) == {}
