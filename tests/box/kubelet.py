@@ -131,6 +131,12 @@ def default_images(bin_dir: str | Path, executor_image: str, repo: Path = REPO) 
     return table
 
 
+def _under_tmp(paths: Sequence[str]) -> list[str]:
+    """The outermost of ``paths`` that lie under /tmp (each once, none inside another)."""
+    tmp = [str(Path(p).resolve()) for p in paths if Path(p).resolve().is_relative_to("/tmp") and Path(p).exists()]
+    return sorted({p for p in tmp if not any(p != q and Path(p).is_relative_to(q) for q in tmp)})
+
+
 class _Guarded(threading.Thread):
     """A daemon thread whose exceptions are logged and kept, never lost."""
 
@@ -863,6 +869,10 @@ class ProcessKubelet:
             tmp.mkdir(parents=True, exist_ok=True)
             os.chmod(tmp, 0o1777)
             extra.append(Mount(str(tmp), "/tmp"))
+            # what the image table takes from this machine must stay visible under the private /tmp:
+            # a checkout (and its venv) in /tmp, the image's app dir, a PATH entry there
+            for keep in _under_tmp([str(REPO), *image.mounts.values(), *image.path]):
+                extra.append(Mount(keep, keep))
         auto = run.pod["spec"].get("automountServiceAccountToken")
         if SA_DIR not in mounted and auto is not False:
             sa = run.dir / "serviceaccount"
