@@ -74,6 +74,7 @@ def _go() -> str:
 def _key(go: str) -> str:
     h = hashlib.sha256()
     h.update(subprocess.run([go, "version"], capture_output=True, text=True, check=True).stdout.encode())
+    h.update(Path(__file__).read_bytes())        # how the box is built (flags, CRD set) is part of the pin
     for mod in sorted(MODULES):
         for f in sorted((HERE / mod).rglob("*")):
             if f.is_file() and (f.suffix == ".go" or f.name in ("go.mod", "go.sum")):
