@@ -9,6 +9,7 @@ Ctrl-C stops everything. The GPU gates are played by the default stand-ins (ever
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         session.close()
         kubelet.stop()
         cp.stop()
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
