@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from params import load_profile  # noqa: E402
-from steps._bench import BenchRequest, parse_result, preload_client, run_client  # noqa: E402
-from steps._null_server import null_server  # noqa: E402
-from steps.perf import tokenizer_for  # noqa: E402
+from gauntlet.params import load_profile  # noqa: E402
+from gauntlet.steps._bench import BenchRequest, parse_result, preload_client, run_client  # noqa: E402
+from gauntlet.steps._null_server import null_server  # noqa: E402
+from gauntlet.steps.perf import tokenizer_for  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/preflight.py [--dir DIR] [--runs 5] [--slice-gib 2] [--per-expert]
 
-1. Writes the sparse layout with ``steps.synth`` (unless ``--dir`` holds one).
+1. Writes the sparse layout with ``gauntlet.steps.synth`` (unless ``--dir`` holds one).
 2. Runs the real ``gauntlet step preflight --profile kimi-k3-h20`` as a subprocess ``--runs`` times and
    reports wall time (median, max) and the child's peak RSS (``os.wait4``), plus the in-process time of
    gather + judge alone.
@@ -56,9 +56,9 @@ def main() -> int:
                     help="one tensor pair per expert (about 150k tensors, Kimi K2 style) instead of fused blocks")
     args = ap.parse_args()
 
-    from params import load_profile
-    from steps.preflight import gather, judge
-    from steps.synth import synth_from_profile
+    from gauntlet.params import load_profile
+    from gauntlet.steps.preflight import gather, judge
+    from gauntlet.steps.synth import synth_from_profile
 
     profile = load_profile("kimi-k3-h20")
     tmp = tempfile.TemporaryDirectory(prefix="gauntlet-bench-preflight-")
@@ -71,7 +71,7 @@ def main() -> int:
     total = sum(p.stat().st_size for p in shards)
     on_disk = sum(p.stat().st_blocks * 512 for p in root.iterdir() if p.is_file())
 
-    cmd = [sys.executable, "-m", "workflows.cli", "step", "preflight", "--profile", "kimi-k3-h20",
+    cmd = [sys.executable, "-m", "gauntlet.workflows.cli", "step", "preflight", "--profile", "kimi-k3-h20",
            "--model-path", str(root), "--out", str(Path(tmp.name) / "evidence")]
     walls, rss = [], []
     for _ in range(args.runs):

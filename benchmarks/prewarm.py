@@ -46,8 +46,8 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     args = ap.parse_args()
 
-    from params import load_profile
-    from steps.synth import synth_from_profile
+    from gauntlet.params import load_profile
+    from gauntlet.steps.synth import synth_from_profile
 
     kimi = load_profile("kimi-k3-h20")
     prof = kimi.model_copy(update={"model": kimi.model.model_copy(update={"shards": args.shards})})
@@ -61,7 +61,7 @@ def main() -> int:
         subprocess.run(f"cat {src}/* > /dev/null", shell=True, check=True)  # both read from the page cache
         subprocess.run(["sync"], check=True)
         cp, cp_sync, pw, pw_copy = [], [], [], []
-        step = [sys.executable, "-m", "workflows.cli", "step", "prewarm", "--profile", "kimi-k3-h20",
+        step = [sys.executable, "-m", "gauntlet.workflows.cli", "step", "prewarm", "--profile", "kimi-k3-h20",
                 "--src", str(src), "--streams", str(args.streams)]
         for r in range(args.rounds):
             order = ("cp", "prewarm") if r % 2 == 0 else ("prewarm", "cp")

@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from steps.regress import DEFAULT_RULE, METRICS, Rule, judge  # noqa: E402
+from gauntlet.steps.regress import DEFAULT_RULE, METRICS, Rule, judge  # noqa: E402
 
 MET = list(METRICS)
 TPUT = [MET.index("output_throughput"), MET.index("request_throughput")]
@@ -281,9 +281,9 @@ def evaluate(args: argparse.Namespace) -> None:
 
 
 def record(args: argparse.Namespace) -> None:
-    from params import load_profile
-    from steps._bench import BenchRequest, parse_result, run_client
-    from steps._stats import round_validity
+    from gauntlet.params import load_profile
+    from gauntlet.steps._bench import BenchRequest, parse_result, run_client
+    from gauntlet.steps._stats import round_validity
 
     profile = load_profile(args.profile)
     case = next(c for c in profile.bench.cases if c.name == args.case)

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from params.models import Profile
+from gauntlet.contract import UsageError
+from gauntlet.params.models import Profile
 
 __all__ = ["ProfileError", "load_profile", "profile_path", "list_profiles", "load_images", "ImageRef",
            "format_validation_error", "PROFILES_DIR", "IMAGES_FILE"]
@@ -20,8 +21,8 @@ IMAGES_FILE = Path(__file__).resolve().parent.parent / "images" / "engines.yaml"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-class ProfileError(Exception):
-    """A profile or image list is invalid; the message is one line naming file and field."""
+class ProfileError(UsageError):
+    """A profile or image list is invalid; the message is one line naming file and field (exit 2)."""
 
 
 def list_profiles() -> list[str]:

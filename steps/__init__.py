@@ -12,9 +12,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from steps._evidence import Check
+from gauntlet.contract import Check, GauntletError
 
-__all__ = ["STEPS", "Step", "load_step"]
+__all__ = ["STEPS", "Step", "GateImportError", "load_step"]
 
 
 class Step(Protocol):
@@ -32,24 +32,33 @@ class Step(Protocol):
 
 # name -> module; the order is the order `gauntlet step --help` lists them
 STEPS: dict[str, str] = {
-    "prewarm": "steps.prewarm",
-    "preflight": "steps.preflight",
-    "preflight-compare": "steps.preflight_compare",
-    "engine-check": "steps.engine_check",
-    "nodes": "steps.nodes",
-    "network": "steps.network",
-    "deploy": "steps.deploy",
-    "smoke": "steps.smoke",
-    "perf": "steps.perf",
-    "longctx": "steps.longctx",
-    "experiment": "steps.experiment",
-    "teardown": "steps.teardown",
-    "report": "steps.report_step",
-    "regress": "steps.regress",
-    "cleanup": "steps.cleanup",
-    "janitor": "steps.janitor",
+    "prewarm": "gauntlet.steps.prewarm",
+    "preflight": "gauntlet.steps.preflight",
+    "preflight-compare": "gauntlet.steps.preflight_compare",
+    "engine-check": "gauntlet.steps.engine_check",
+    "nodes": "gauntlet.steps.nodes",
+    "network": "gauntlet.steps.network",
+    "deploy": "gauntlet.steps.deploy",
+    "smoke": "gauntlet.steps.smoke",
+    "perf": "gauntlet.steps.perf",
+    "longctx": "gauntlet.steps.longctx",
+    "experiment": "gauntlet.steps.experiment",
+    "teardown": "gauntlet.steps.teardown",
+    "report": "gauntlet.steps.report_step",
+    "regress": "gauntlet.steps.regress",
+    "cleanup": "gauntlet.steps.cleanup",
+    "janitor": "gauntlet.steps.janitor",
 }
 
 
+class GateImportError(GauntletError):
+    """A gate's module does not import: a crash (exit 1, traceback in the log), not a usage error."""
+
+
 def load_step(name: str) -> ModuleType:
-    return importlib.import_module(STEPS[name])
+    """The gate's module; an ImportError inside it becomes :class:`GateImportError` naming the gate."""
+    try:
+        return importlib.import_module(STEPS[name])
+    except ImportError as exc:
+        raise GateImportError(f"gate {name}: its module {STEPS[name]} does not import "
+                              f"({type(exc).__name__}: {exc})") from exc

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from steps._evidence import TransientError, UsageError
+from gauntlet.contract import TransientError, UsageError
 
 __all__ = ["BenchRequest", "ClientRun", "client_argv", "run_client", "parse_result", "ROUND_METRICS",
            "LATENCY_METRICS", "SPEC_METRICS", "client_available", "preload_client"]
@@ -235,5 +235,5 @@ def _num(v: Any) -> float | None:
         return None
 
 
-if __name__ == "__main__":  # `python -m steps._bench ARGS...`: the client alone, for debugging
+if __name__ == "__main__":  # `python -m gauntlet.steps._bench ARGS...`: the client alone, for debugging
     sys.exit(subprocess.call([sys.executable, "-c", _CLIENT_SNIPPET, *sys.argv[1:]]))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import Check, TransientError, write_json_atomic
+from gauntlet.contract import Check, TransientError, write_json_atomic
 
 __all__ = ["cleanup", "release_run", "Released", "ApiErrors", "held_pods", "POLL_S", "WAIT_S", "KIND_ORDER", "ARGO_POD_LABEL"]
 
@@ -91,10 +91,10 @@ def _replicas(kind: str, obj: dict[str, Any]) -> int:
 
 
 def cleanup(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from steps._k8s import run_id_from
-    from steps._k8s.api import connect
-    from steps._k8s.manager import Manager
-    from steps.cleanup import parse_failures
+    from gauntlet.steps._k8s import run_id_from
+    from gauntlet.steps._k8s.api import connect
+    from gauntlet.steps._k8s.manager import Manager
+    from gauntlet.steps.cleanup import parse_failures
 
     profile = getattr(args, "profile_obj", None)
     ns = os.environ.get("GAUNTLET_NAMESPACE") or (profile.namespace if profile is not None else "gauntlet")
@@ -154,7 +154,7 @@ def release_run(mgr: Any, out: Path, err: ApiErrors, wait_s: float = WAIT_S,
                 before_release: Any = None) -> Released:
     """Logs and objects.json of one run under ``out``, then scale to 0 and delete what carries its label,
     wait up to ``wait_s`` for its pods to go, and say what is left. Every API error is recorded in
-    ``err``; none stops the others. ``mgr`` is the run's :class:`steps._k8s.manager.Manager`."""
+    ``err``; none stops the others. ``mgr`` is the run's :class:`gauntlet.steps._k8s.manager.Manager`."""
     r = Released()
 
     def inventory() -> tuple[dict[str, list[dict[str, Any]] | None], list[dict[str, Any]] | None]:

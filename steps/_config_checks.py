@@ -1,4 +1,4 @@
-"""config.json against the profile's :class:`params.models.Architecture`: pure functions.
+"""config.json against the profile's :class:`gauntlet.params.models.Architecture`: pure functions.
 
 Fields are looked up under each of ``config_prefixes`` in order (``""`` is the
 top level, ``"text_config."`` the language model of a multimodal config); the
@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from params.models import Architecture
-from steps._evidence import Check
+from gauntlet.params.models import Architecture
+from gauntlet.contract import Check
 
 __all__ = ["lookup", "read_layer_kinds", "read_quantization", "config_checks", "MOE_KEYS"]
 

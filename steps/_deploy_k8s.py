@@ -1,6 +1,6 @@
 """Gate 2 on Kubernetes: server-side-apply the engine, wait until it really answers; teardown.
 
-``deploy`` renders the engine's Services and StatefulSet (:mod:`steps._k8s.manifests`),
+``deploy`` renders the engine's Services and StatefulSet (:mod:`gauntlet.steps._k8s.manifests`),
 applies them under one field manager (an Argo retry converges on the same objects), and
 waits with the profile's ``ready_timeout_s``: every rank Running, then the leader's
 ``/health``, then a one-token completion through the client Service. It fails fast when
@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from params import load_images
-from params.models import EngineSpec, Profile
-from steps._evidence import Check, UsageError, write_json_atomic
-from steps.engine_cmd import apply_change, args_hash
+from gauntlet.params import load_images
+from gauntlet.params.models import EngineSpec, Profile
+from gauntlet.contract import Check, UsageError, write_json_atomic
+from gauntlet.steps.engine_cmd import apply_change, args_hash
 
 __all__ = ["deploy", "teardown", "ReadyOutcome", "wait_ready", "memory_lines", "POLL_S", "TEARDOWN_TIMEOUT_S"]
 
@@ -74,7 +74,7 @@ def wait_ready(mgr: Any, selector: str, replicas: int, url: str, served_name: st
     """Poll until every rank runs and the leader answers /health and a one-token completion; fail fast."""
     import httpx
 
-    from steps._k8s.manager import pod_state
+    from gauntlet.steps._k8s.manager import pod_state
 
     poll_s = POLL_S if poll_s is None else poll_s
     t0 = time.monotonic()
@@ -133,11 +133,11 @@ def _save_logs(mgr: Any, selector: str, out: Path) -> dict[str, dict[str, Any]]:
 
 
 def deploy(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from steps._k8s import ENGINE_LABEL, RUN_LABEL, run_id_from
-    from steps._k8s import manifests as M
-    from steps._k8s.api import connect
-    from steps._k8s.apply import apply
-    from steps._k8s.manager import Manager, NotOurs
+    from gauntlet.steps._k8s import ENGINE_LABEL, RUN_LABEL, run_id_from
+    from gauntlet.steps._k8s import manifests as M
+    from gauntlet.steps._k8s.api import connect
+    from gauntlet.steps._k8s.apply import apply
+    from gauntlet.steps._k8s.manager import Manager, NotOurs
 
     profile: Profile = args.profile_obj
     engine, variant = args.engine, getattr(args, "variant", None)
@@ -202,9 +202,9 @@ def deploy(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, 
 
 
 def teardown(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from steps._k8s import ENGINE_LABEL, run_id_from
-    from steps._k8s.api import connect
-    from steps._k8s.manager import Manager
+    from gauntlet.steps._k8s import ENGINE_LABEL, run_id_from
+    from gauntlet.steps._k8s.api import connect
+    from gauntlet.steps._k8s.manager import Manager
 
     profile: Profile = args.profile_obj
     engine = args.engine

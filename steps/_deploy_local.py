@@ -2,7 +2,7 @@
 
 The engine must outlive ``gauntlet step deploy``: later gates are separate
 processes that talk to it. So deploy starts it in its own session
-(:class:`steps._engine_local.LocalEngine`), records it in a state file
+(:class:`gauntlet.steps._engine_local.LocalEngine`), records it in a state file
 ``<run-dir>/.engines/<engine>.json`` (pid, pgid, port, log) and labels its
 environment with ``GAUNTLET_ENGINE_DIR=<run-dir>``, the local counterpart of the
 cluster's ``gauntlet.dev/run`` label: teardown and :func:`stop_all` only kill
@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from params.models import EngineSpec, Profile
-from steps._engine_local import (EngineDied, EngineError, EngineTimeout, LocalEngine, group_members, kill_group,
+from gauntlet.params.models import EngineSpec, Profile
+from gauntlet.steps._engine_local import (EngineDied, EngineError, EngineTimeout, LocalEngine, group_members, kill_group,
                                  log_tail, port_open, sigterm_as_interrupt)
-from steps._evidence import Check, UsageError, now_iso, write_json_atomic
-from steps.engine_cmd import apply_change, engine_command, engine_env
+from gauntlet.contract import Check, UsageError, now_iso, write_json_atomic
+from gauntlet.steps.engine_cmd import apply_change, engine_command, engine_env
 
 __all__ = ["deploy", "teardown", "stop_all", "run_dir_of", "state_path", "find_labelled", "LABEL_DIR", "LABEL_PORT"]
 

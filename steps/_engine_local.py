@@ -1,6 +1,6 @@
 """A local engine under test: a subprocess in its own process group, ready or failed, never left behind.
 
-:class:`LocalEngine` starts the engine's argv (from :mod:`steps.engine_cmd`) with
+:class:`LocalEngine` starts the engine's argv (from :mod:`gauntlet.steps.engine_cmd`) with
 ``start_new_session`` so the whole tree (API server + engine core) shares one
 process group that nothing else is in, logs to a file, waits for ``/health``
 and ``/v1/models`` with a deadline, fails fast when the process dies, and kills

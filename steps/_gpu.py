@@ -3,7 +3,7 @@
 Parsers turn real ``nvidia-smi`` text into :class:`GpuInventory`; :func:`probe_gpus`
 measures each card with torch (device copy bandwidth counting read + write, bf16
 matmul rate, a one-rank NCCL all-reduce); :func:`judge_inventory` and
-:func:`judge_probe` compare them with the profile's :class:`params.models.Hardware`
+:func:`judge_probe` compare them with the profile's :class:`gauntlet.params.models.Hardware`
 and return checks. Only ``collect_*`` and ``probe_*`` do I/O.
 """
 
@@ -15,8 +15,8 @@ import subprocess
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from params.models import GpuProbeSpec, Hardware
-from steps._evidence import Check
+from gauntlet.params.models import GpuProbeSpec, Hardware
+from gauntlet.contract import Check
 
 __all__ = [
     "QUERY_FIELDS", "GpuInfo", "GpuInventory", "ProbeResult",

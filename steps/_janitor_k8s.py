@@ -2,8 +2,8 @@
 
 One list per kind with the ``gauntlet.dev/run`` existence selector (nothing without the
 label is ever listed), one list of Argo's workflows in the namespace (looked up by uid),
-then, for each run :func:`steps.janitor.judge_run` releases, the exit handler's own
-:func:`steps._cleanup_k8s.release_run` through the run's :class:`Manager` (logs, scale
+then, for each run :func:`gauntlet.steps.janitor.judge_run` releases, the exit handler's own
+:func:`gauntlet.steps._cleanup_k8s.release_run` through the run's :class:`Manager` (logs, scale
 to 0, delete, each object re-read and refused without the run's label), and a labelled
 pod with no owner is deleted. If the workflows cannot be listed nothing is released:
 a run that may still be running is never touched.
@@ -17,10 +17,10 @@ from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
-from steps._cleanup_k8s import ARGO_POD_LABEL, ApiErrors, held_pods, release_run
-from steps._evidence import Check, write_json_atomic
-from steps._k8s import RUN_LABEL
-from steps._k8s.api import NotFound, call
+from gauntlet.steps._cleanup_k8s import ARGO_POD_LABEL, ApiErrors, held_pods, release_run
+from gauntlet.contract import Check, write_json_atomic
+from gauntlet.steps._k8s import RUN_LABEL
+from gauntlet.steps._k8s.api import NotFound, call
 
 __all__ = ["sweep", "labelled_runs", "WAIT_S"]
 
@@ -82,9 +82,9 @@ def _delete_bare_pods(api: Any, ns: str, run_id: str, err: ApiErrors) -> list[st
 
 
 def sweep(args: argparse.Namespace, out: Path, grace_s: float) -> tuple[list[Check], dict[str, Any]]:
-    from steps._k8s.api import connect
-    from steps._k8s.manager import Manager
-    from steps.janitor import judge_run
+    from gauntlet.steps._k8s.api import connect
+    from gauntlet.steps._k8s.manager import Manager
+    from gauntlet.steps.janitor import judge_run
 
     ns = args.namespace or os.environ.get("GAUNTLET_NAMESPACE") or "gauntlet"
     err = ApiErrors()

@@ -5,7 +5,7 @@ start time, so a reused pid is not mistaken for it) and removes the mark when it
 A runner killed with SIGKILL leaves the mark behind, and its engines (own sessions,
 labelled ``GAUNTLET_ENGINE_DIR=<dir under the run>``) keep running. :func:`sweep` finds
 every labelled engine under the runs directory, maps it to its run, and stops the run's
-engines through :func:`steps._deploy_local.stop_all` unless that run's runner is alive.
+engines through :func:`gauntlet.steps._deploy_local.stop_all` unless that run's runner is alive.
 Processes without the label are never looked at twice, let alone signalled.
 """
 
@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import Check, write_json_atomic
+from gauntlet.contract import Check, write_json_atomic
 
 __all__ = ["MARK", "mark_runner", "clear_runner", "runner_alive", "sweep"]
 
@@ -62,7 +62,7 @@ def _run_of(engine_dir: Path, runs_dir: Path) -> Path | None:
 
 def sweep(runs_dir: Path, out: Path, exclude: Path | None = None) -> tuple[list[Check], dict[str, Any]]:
     """Stop the labelled engines of every run under ``runs_dir`` whose runner is not alive."""
-    from steps._deploy_local import find_labelled, stop_all
+    from gauntlet.steps._deploy_local import find_labelled, stop_all
 
     runs_dir = Path(runs_dir).resolve()
     runs: dict[Path, list[int]] = {}

@@ -16,8 +16,8 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import now_iso, write_json_atomic
-from steps._shards import PARTIAL_SUFFIX, walk_entries
+from gauntlet.contract import now_iso, write_json_atomic
+from gauntlet.steps._shards import PARTIAL_SUFFIX, walk_entries
 
 __all__ = ["DEFAULT_MARKER", "CHECKSUM_FILES", "CHECKSUM_SUFFIXES", "is_checksum_file", "build_manifest",
            "write_marker", "parse_marker"]

@@ -1,4 +1,4 @@
-"""Pure judgement of a model directory's facts (gathered by :func:`steps.preflight.gather`).
+"""Pure judgement of a model directory's facts (gathered by :func:`gauntlet.steps.preflight.gather`).
 
 Each function takes the facts dict (and the profile's :class:`ModelSpec`) and
 returns :class:`Check` objects whose detail names the file and the cause.
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from params.models import ModelSpec
-from steps._evidence import Check
-from steps._marker import is_checksum_file
-from steps._shards import PARTIAL_SUFFIX
+from gauntlet.params.models import ModelSpec
+from gauntlet.contract import Check
+from gauntlet.steps._marker import is_checksum_file
+from gauntlet.steps._shards import PARTIAL_SUFFIX
 
 __all__ = ["INDEX_NAME", "layout_checks", "index_by_shard"]
 

@@ -61,7 +61,7 @@ def null_server(model: str, python: str | None = None, timeout_s: float = 30.0) 
     import urllib.request
 
     port = _free_port()
-    proc = subprocess.Popen([python or sys.executable, "-m", "steps._null_server", str(port), model],
+    proc = subprocess.Popen([python or sys.executable, "-m", "gauntlet.steps._null_server", str(port), model],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

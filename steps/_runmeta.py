@@ -17,7 +17,7 @@ from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
-from params.models import EngineSpec, Profile
+from gauntlet.params.models import EngineSpec, Profile
 
 __all__ = ["run_dir_of", "run_meta", "topology", "model_fingerprint", "git_rev", "client_version"]
 
@@ -65,7 +65,7 @@ def client_version() -> str:
 
 def model_fingerprint(run_dir: Path, profile: Profile) -> str:
     """Gate 0's fingerprint from this run's preflight evidence, else a hash of config.json, else unknown."""
-    from steps._fingerprint import extract_fingerprint
+    from gauntlet.steps._fingerprint import extract_fingerprint
 
     for v in sorted(Path(run_dir).glob("preflight*/verdict.json")):
         try:
@@ -84,8 +84,8 @@ def model_fingerprint(run_dir: Path, profile: Profile) -> str:
 def run_meta(out: Path, profile: Profile, engine: str, *, spec: EngineSpec | None = None,
              experiment: str = "baseline") -> dict[str, Any]:
     """The metadata columns of the results store for rounds measured in this task."""
-    from params import load_images
-    from steps.engine_cmd import args_hash
+    from gauntlet.params import load_images
+    from gauntlet.steps.engine_cmd import args_hash
 
     spec = spec or profile.engines[engine]
     run_dir = run_dir_of(out)

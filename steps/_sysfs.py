@@ -3,7 +3,7 @@
 Every reader takes ``root`` (``/`` on a node; a fake tree built in ``tmp_path`` in
 tests) and reads ``root/sys/class/net``, ``root/sys/class/infiniband``,
 ``root/proc/self/mountinfo`` and ``root/sys/dev/block``. The judges take the
-dataclasses they return and the profile's :class:`params.models.Hardware`.
+dataclasses they return and the profile's :class:`gauntlet.params.models.Hardware`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from params.models import Hardware, ModelSpec
-from steps._evidence import Check
+from gauntlet.params.models import Hardware, ModelSpec
+from gauntlet.contract import Check
 
 __all__ = [
     "Nic", "RdmaPort", "Mount", "BlockDevice", "Storage",

@@ -7,9 +7,9 @@ could not parse or do as failed checks. Its exit code says only whether
 something is still held afterwards: 0 nothing held (even with failed checks),
 75 still held after a transient error (Argo retries it), 1 still held.
 
-Local back end: :func:`steps._deploy_local.stop_all` stops every engine process
+Local back end: :func:`gauntlet.steps._deploy_local.stop_all` stops every engine process
 group of the run (found by state file and by label) and the step confirms none
-is left. Kubernetes: :func:`steps._cleanup_k8s.cleanup` (logs first, then scale
+is left. Kubernetes: :func:`gauntlet.steps._cleanup_k8s.cleanup` (logs first, then scale
 to 0 and delete only what carries the run's label).
 
 ``{{workflow.failures}}`` reaches the container as Argo's controller leaves it: the
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import EXIT_FAIL, EXIT_PASS, EXIT_TRANSIENT, Check, Verdict
+from gauntlet.contract import EXIT_FAIL, EXIT_PASS, EXIT_TRANSIENT, Check, Verdict
 
 NAME = "cleanup"
 HELP = "exit handler: keep logs, stop/delete everything this run created (always runs, never refuses)"
@@ -130,7 +130,7 @@ def _profile(args: argparse.Namespace) -> tuple[Any, str | None]:
         return args.profile_obj, None
     if not getattr(args, "profile", None):
         return None, "--profile: not given; falling back to the environment for backend and namespace"
-    from params import ProfileError, load_profile
+    from gauntlet.params import ProfileError, load_profile
     try:
         return load_profile(args.profile), None
     except ProfileError as exc:
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
 
     # release first: nothing above may stop it
     if backend == "kubernetes":
-        from steps._cleanup_k8s import cleanup
+        from gauntlet.steps._cleanup_k8s import cleanup
         checks, metrics = cleanup(args, out)
     else:
         checks, metrics = _cleanup_local(args, out)
@@ -182,7 +182,7 @@ def exit_code(verdict: Verdict) -> int:
 
 
 def _cleanup_local(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from steps._deploy_local import find_labelled, stop_all
+    from gauntlet.steps._deploy_local import find_labelled, stop_all
 
     run_dir = (Path(args.run_dir) if args.run_dir else Path(out).parent).resolve()
     t0 = time.monotonic()

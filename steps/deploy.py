@@ -13,12 +13,12 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import Check, UsageError
+from gauntlet.contract import Check, UsageError
 
 NAME = "deploy"
 HELP = "Gate 2: deploy the engine (local subprocess or Kubernetes StatefulSet) and wait for readiness"
 NEEDS_PROFILE = True
-BACKENDS = {"local": "steps._deploy_local", "kubernetes": "steps._deploy_k8s"}
+BACKENDS = {"local": "gauntlet.steps._deploy_local", "kubernetes": "gauntlet.steps._deploy_k8s"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """Gate 0 engine-check, run inside the engine image: does *this* engine build accept the plan?
 
 It asks the engine's own code, never a list written here: its CLI parser is fed
-the exact argv of :func:`steps.engine_cmd.engine_command` for every rank and for
+the exact argv of :func:`gauntlet.steps.engine_cmd.engine_command` for every rank and for
 every Gate 6 variant on this engine; its registries say whether the reasoning and
 tool-call parsers and the architecture are known. Checks: the architecture is
 registered; the parser accepts every planned flag and value (vLLM: its serve-args
@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from params.models import Profile
-from steps._evidence import Check, UsageError
-from steps.engine_cmd import Placement, apply_change, engine_command
+from gauntlet.params.models import Profile
+from gauntlet.contract import Check, UsageError
+from gauntlet.steps.engine_cmd import Placement, apply_change, engine_command
 
 __all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "ADAPTERS", "VllmAdapter", "SglangAdapter",
            "planned_argvs", "collect", "judge"]
@@ -164,7 +164,7 @@ class SglangAdapter:
     takes the ``--reasoning-parser``/``--tool-call-parser`` choices from those registries when they
     are loaded (otherwise from its dependency-free copies of their names). The model registry
     imports every model module with its CUDA kernels, so outside the engine image it is read from
-    the modules' source (:mod:`steps._sglang_models`).
+    the modules' source (:mod:`gauntlet.steps._sglang_models`).
     """
 
     engine = "sglang"
@@ -199,7 +199,7 @@ class SglangAdapter:
             self.rules_missing = f"{type(exc).__name__}: {exc}"
 
     def architectures(self) -> list[str]:
-        from steps._sglang_models import registered_architectures
+        from gauntlet.steps._sglang_models import registered_architectures
         return sorted(registered_architectures())
 
     def default_of(self, flag: str) -> Any:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from params.models import EngineArgs, EngineSpec
+from gauntlet.params.models import EngineArgs, EngineSpec
 
 __all__ = ["Placement", "engine_flags", "engine_command", "engine_env", "apply_change", "args_hash"]
 

@@ -33,10 +33,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from params.models import EngineArgs, EngineSpec, Profile, Variant
-from steps._evidence import Check, UsageError, write_json_atomic
-from steps.engine_cmd import apply_change
-from steps.perf import bench_options, case_checks, case_table, run_matrix, selected_cases
+from gauntlet.params.models import EngineArgs, EngineSpec, Profile, Variant
+from gauntlet.contract import Check, UsageError, write_json_atomic
+from gauntlet.steps.engine_cmd import apply_change
+from gauntlet.steps.perf import bench_options, case_checks, case_table, run_matrix, selected_cases
 
 NAME = "experiment"
 HELP = "Gate 6: deploy one variant (baseline + one change), re-run the Gate 4 cases, compare, tear down"
@@ -90,7 +90,7 @@ def one_change_problems(base: EngineArgs, other: EngineArgs) -> list[str]:
 
 
 def compare(base: dict[str, dict[str, Any]], var: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per case: variant vs baseline rounds (tables as :func:`steps.perf.case_table`), judged against noise.
+    """Per case: variant vs baseline rounds (tables as :func:`gauntlet.steps.perf.case_table`), judged against noise.
 
     The noise is the rounds' own range: throughput is *better* only when the variant's worst round beats
     the baseline's best by more than ``NOISE_FLOOR``; a P99 is *worse* when the variant's median is above
@@ -242,7 +242,7 @@ def _spec_and_memory(results: dict[str, Any], base: dict[str, dict[str, Any]]) -
 
 
 def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from steps import deploy as deploy_step
+    from gauntlet.steps import deploy as deploy_step
 
     profile: Profile = args.profile_obj
     if args.engine not in profile.engines:

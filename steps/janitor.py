@@ -11,9 +11,9 @@ Argo's own step pods.
 
 Locally (``gauntlet janitor --local``, and at the start of every ``gauntlet run``): the
 engines of a run whose runner is no longer alive (``kill -9``) are found by their label
-and stopped (:mod:`steps._janitor_local`).
+and stopped (:mod:`gauntlet.steps._janitor_local`).
 
-Judgement is pure (:func:`judge_run`); the I/O is in :mod:`steps._janitor_k8s`.
+Judgement is pure (:func:`judge_run`); the I/O is in :mod:`gauntlet.steps._janitor_k8s`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import EXIT_FAIL, EXIT_PASS, EXIT_TRANSIENT, Check, UsageError, Verdict
+from gauntlet.contract import EXIT_FAIL, EXIT_PASS, EXIT_TRANSIENT, Check, UsageError, Verdict
 
 NAME = "janitor"
 HELP = "release the objects (or local engines) of runs whose workflow is gone or long finished"
@@ -88,9 +88,9 @@ def judge_run(workflow: dict[str, Any] | None, now: datetime, grace_s: float) ->
 def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
     grace_s = parse_duration(args.grace)
     if args.local:
-        from steps._janitor_local import sweep
+        from gauntlet.steps._janitor_local import sweep
         return sweep(Path(args.runs_dir), out)
-    from steps._janitor_k8s import sweep as sweep_k8s
+    from gauntlet.steps._janitor_k8s import sweep as sweep_k8s
     return sweep_k8s(args, out, grace_s)
 
 

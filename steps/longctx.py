@@ -40,9 +40,9 @@ from typing import Any
 
 import httpx
 
-from params.models import EngineSpec, Profile, Rung
-from steps._answers import sanity_problems
-from steps._evidence import Check, TransientError, UsageError, write_json_atomic
+from gauntlet.params.models import EngineSpec, Profile, Rung
+from gauntlet.steps._answers import sanity_problems
+from gauntlet.contract import Check, TransientError, UsageError, write_json_atomic
 
 NAME = "longctx"
 HELP = "Gate 5: long-context ladder (needle in a haystack at several depths), stop at the first failure"
@@ -269,7 +269,7 @@ def run_ladder(rungs: list[Rung], send, blocked) -> list[RungResult]:
 
 
 def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from params import load_images
+    from gauntlet.params import load_images
 
     profile: Profile = args.profile_obj
     if args.engine not in profile.engines:

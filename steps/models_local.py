@@ -26,7 +26,7 @@ import importlib.util
 from importlib import metadata
 from pathlib import Path
 
-from steps._evidence import UsageError, now_iso, write_json_atomic
+from gauntlet.contract import UsageError, now_iso, write_json_atomic
 
 __all__ = ["RECIPES", "Recipe", "DEFAULT_CACHE", "MARKER", "model_dir", "is_complete", "prepare"]
 
@@ -148,10 +148,10 @@ def _build(recipe: Recipe, gguf: Path, out: Path) -> None:
 def _write_marker(model_dir: Path, revision: str) -> Path:
     """The marker with its manifest, last; through Gate 0's writer when present (one format)."""
     try:
-        from steps.prewarm import write_marker
+        from gauntlet.steps.prewarm import write_marker
     except ImportError:
         try:
-            from steps._marker import write_marker
+            from gauntlet.steps._marker import write_marker
         except ImportError:
             write_marker = None
     if write_marker is not None:

@@ -2,7 +2,7 @@
 
 First every node alone (all its GPUs, ``intra``), then one world across the nodes
 (``inter``), each as an indexed Job labelled with the run: waited for, every pod's log
-kept, deleted after. The probe (:mod:`steps._nccl_probe`) checks every result value and
+kept, deleted after. The probe (:mod:`gauntlet.steps._nccl_probe`) checks every result value and
 reports algbw/busbw with nccl-tests' formulas; this step judges them against the
 profile's minimums and also compares the node inventories Gate 1 wrote (MTU, RDMA
 devices, cache). ``--launcher local`` runs the same probe with torchrun on this machine.
@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from params import load_images
-from params.models import NetworkSpec, Profile
-from steps import _nccl_probe
-from steps._evidence import Check, UsageError, write_json_atomic
-from steps.engine_cmd import engine_env
+from gauntlet.params import load_images
+from gauntlet.params.models import NetworkSpec, Profile
+from gauntlet.steps import _nccl_probe
+from gauntlet.contract import Check, UsageError, write_json_atomic
+from gauntlet.steps.engine_cmd import engine_env
 
 NAME = "network"
 HELP = "Gate 1 network: NCCL all-reduce/all-to-all probe in the engine image (intra-node, then across nodes)"
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def probe_env(profile: Profile, engine: str) -> dict[str, str]:
     """The engine's exact env (what its pods get) plus NCCL_DEBUG=INFO, which only adds log lines."""
-    from steps._k8s.manifests import socket_env
+    from gauntlet.steps._k8s.manifests import socket_env
     env = {**engine_env(engine, profile.engines[engine]), **socket_env(profile)}
     env.setdefault("NCCL_DEBUG", "INFO")
     return env
@@ -124,11 +124,11 @@ def _run_local(profile: Profile, env: dict[str, str], args: argparse.Namespace, 
 
 def _run_kubernetes(profile: Profile, engine: str, env: dict[str, str], args: argparse.Namespace, out: Path
                     ) -> dict[str, tuple[list[dict[str, Any] | None], list[str], str]]:
-    from steps._k8s import run_id_from
-    from steps._k8s import manifests as M
-    from steps._k8s.api import connect
-    from steps._k8s.apply import apply
-    from steps._k8s.manager import Manager, pod_state
+    from gauntlet.steps._k8s import run_id_from
+    from gauntlet.steps._k8s import manifests as M
+    from gauntlet.steps._k8s.api import connect
+    from gauntlet.steps._k8s.apply import apply
+    from gauntlet.steps._k8s.manager import Manager, pod_state
 
     run_id = run_id_from(args)
     api = connect()
@@ -193,7 +193,7 @@ def _run_kubernetes(profile: Profile, engine: str, env: dict[str, str], args: ar
 
 
 def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from steps.nodes import compare_nodes
+    from gauntlet.steps.nodes import compare_nodes
 
     profile: Profile = args.profile_obj
     engine = args.engine or profile.baseline_engine

@@ -1,8 +1,8 @@
 """Gate 1, per node: GPUs, GPU health, NICs/RDMA, model cache storage, and no foreign GPU work.
 
 Runs pinned to one node (host network, so sysfs shows the host's NICs). Collects
-everything first (I/O), judges it with the pure functions of :mod:`steps._gpu`
-and :mod:`steps._sysfs`, and writes ``inventory.json`` beside the verdict: the
+everything first (I/O), judges it with the pure functions of :mod:`gauntlet.steps._gpu`
+and :mod:`gauntlet.steps._sysfs`, and writes ``inventory.json`` beside the verdict: the
 network gate compares the nodes' inventories (MTU, RDMA device set, shards, bytes).
 """
 
@@ -15,9 +15,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from params.models import Profile
-from steps import _gpu, _sysfs
-from steps._evidence import Check, UsageError, write_json_atomic
+from gauntlet.params.models import Profile
+from gauntlet.steps import _gpu, _sysfs
+from gauntlet.contract import Check, UsageError, write_json_atomic
 
 NAME = "nodes"
 HELP = "Gate 1 per node: GPU inventory and health probe, NICs/RDMA, NVMe model cache, no foreign GPU pods"
@@ -122,8 +122,8 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
     if args.no_api:
         checks.append(Check("no_foreign_gpu_pods", "skip", [], None, "--no-api: the Kubernetes pod list was not read"))
     else:
-        from steps._k8s.api import connect
-        from steps._k8s.manager import node_gpu_pods
+        from gauntlet.steps._k8s.api import connect
+        from gauntlet.steps._k8s.manager import node_gpu_pods
         pods = node_gpu_pods(connect(), node)
         checks.append(judge_foreign_pods(pods, run_id, node))
 

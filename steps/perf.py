@@ -23,13 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from params.models import BenchCase, EngineSpec, Profile
-from steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, parse_result, preload_client,
+from gauntlet.params.models import BenchCase, EngineSpec, Profile
+from gauntlet.steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, parse_result, preload_client,
                           run_client)
-from steps._evidence import Check, UsageError, write_json_atomic
-from steps._sampler import Sampler
-from steps._stats import Stability, client_bound, cold_start, round_validity, stability, summarize
-from workflows.graph import param_name
+from gauntlet.contract import Check, UsageError, param_name, write_json_atomic
+from gauntlet.steps._sampler import Sampler
+from gauntlet.steps._stats import Stability, client_bound, cold_start, round_validity, stability, summarize
 
 NAME = "perf"
 HELP = "Gate 4: benchmark matrix (vllm bench serve), warmup + rounds, median and spread, results store"
@@ -277,7 +276,7 @@ def run_matrix(args: argparse.Namespace, out: Path, cases: list[BenchCase], spec
                phase: str = "measure", warmup_seed: int | None = None
                ) -> tuple[dict[str, CaseResult], list[dict[str, Any]]]:
     """Measure ``cases`` and append their rounds to the store; returns results and store rows."""
-    from steps._runmeta import run_meta
+    from gauntlet.steps._runmeta import run_meta
 
     profile = args.profile_obj
     meta = run_meta(out, profile, args.engine, spec=spec, experiment=experiment)
@@ -293,7 +292,7 @@ def run_matrix(args: argparse.Namespace, out: Path, cases: list[BenchCase], spec
                                            warmup_seed=warmup_seed, null_url=null_url)
     rows = store_rows(list(results.values()), meta, phase=phase, prefix_len=prefix_len)
     if not getattr(args, "no_store", False):
-        from steps.results import append_rounds
+        from gauntlet.steps.results import append_rounds
         append_rounds(rows, results_uri(args))
     return results, rows
 
@@ -305,7 +304,7 @@ def _ceiling_server(profile: Profile, args: argparse.Namespace) -> Iterator[str 
     if getattr(args, "no_ceiling", False):
         yield None
         return
-    from steps._null_server import null_server
+    from gauntlet.steps._null_server import null_server
     try:
         cm = null_server(profile.model.served_name)
         url = cm.__enter__()

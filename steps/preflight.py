@@ -20,13 +20,13 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from params.models import ModelSpec, Profile
-from steps._config_checks import config_checks
-from steps._evidence import Check, UsageError, write_json_atomic
-from steps._fingerprint import component_of, extract_fingerprint, fingerprint, fingerprint_diff
-from steps._marker import CHECKSUM_FILES, CHECKSUM_SUFFIXES, is_checksum_file, parse_marker
-from steps._model_checks import INDEX_NAME, layout_checks
-from steps._shards import PARTIAL_SUFFIX, index_path_problem, read_header, resolve_inside, walk_entries
+from gauntlet.params.models import ModelSpec, Profile
+from gauntlet.steps._config_checks import config_checks
+from gauntlet.contract import Check, UsageError, write_json_atomic
+from gauntlet.steps._fingerprint import component_of, extract_fingerprint, fingerprint, fingerprint_diff
+from gauntlet.steps._marker import CHECKSUM_FILES, CHECKSUM_SUFFIXES, is_checksum_file, parse_marker
+from gauntlet.steps._model_checks import INDEX_NAME, layout_checks
+from gauntlet.steps._shards import PARTIAL_SUFFIX, index_path_problem, read_header, resolve_inside, walk_entries
 
 __all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "gather", "judge", "resolve_model_path"]
 

@@ -13,8 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import Check, UsageError
-from steps._fingerprint import extract_fingerprint, fingerprint_diff
+from gauntlet.contract import Check, UsageError
+from gauntlet.steps._fingerprint import extract_fingerprint, fingerprint_diff
 
 __all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "read_input", "compare"]
 

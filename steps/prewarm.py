@@ -12,7 +12,7 @@ Order of work, so that a directory carrying the marker is always complete:
 4. fsync the directory and write the marker with its manifest last, atomically, and only when all succeeded.
 
 For a local profile with ``model.prepare`` (and no ``--src``) the "source" is a recipe:
-``steps.models_local.prepare`` builds the directory and writes the marker itself.
+``gauntlet.steps.models_local.prepare`` builds the directory and writes the marker itself.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from params.models import Profile
-from steps._evidence import Check, TransientError, UsageError
-from steps._marker import build_manifest, is_checksum_file, parse_marker, write_marker
-from steps._shards import PARTIAL_SUFFIX, read_header, walk_entries
+from gauntlet.params.models import Profile
+from gauntlet.contract import Check, TransientError, UsageError
+from gauntlet.steps._marker import build_manifest, is_checksum_file, parse_marker, write_marker
+from gauntlet.steps._shards import PARTIAL_SUFFIX, read_header, walk_entries
 
 __all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "write_marker", "plan_copy", "CopyItem",
            "prewarm"]
@@ -441,9 +441,9 @@ def _marker_matches(dst_dir: Path, marker: str, names: list[str]) -> bool:
 
 def _prepare_local(profile: Profile, dst: Path) -> tuple[list[Check], dict[str, Any]]:
     try:
-        mod = importlib.import_module("steps.models_local")
+        mod = importlib.import_module("gauntlet.steps.models_local")
     except ImportError as exc:
-        return [Check("prepare", "fail", "steps.models_local", None,
+        return [Check("prepare", "fail", "gauntlet.steps.models_local", None,
                       f"cannot import steps.models_local ({exc}); it builds the local model "
                       f"(`gauntlet model prepare {profile.model.prepare}`)")], {}
     t0 = time.monotonic()

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import Check, write_json_atomic
-from steps._stats import mad, median
+from gauntlet.contract import Check, write_json_atomic
+from gauntlet.steps._stats import mad, median
 
 NAME = "regress"
 HELP = "Nightly: label each case metric ok / regressed / improved / insufficient history against the store"
@@ -248,8 +248,8 @@ def _detail(lb: Label, rule: Rule) -> str:
 
 
 def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from steps._runmeta import run_dir_of
-    from steps.results import read_rounds
+    from gauntlet.steps._runmeta import run_dir_of
+    from gauntlet.steps.results import read_rounds
 
     profile = args.profile_obj
     stage = getattr(args, "stage", "final")

@@ -202,8 +202,8 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
     L += ["## Environment", ""]
     meta = perf_meta(v)
     if profile is not None:
-        from params import load_images
-        from steps.engine_cmd import args_hash, engine_env, engine_flags
+        from gauntlet.params import load_images
+        from gauntlet.steps.engine_cmd import args_hash, engine_env, engine_flags
         images = load_images()
         L += ["| engine | role | image | digest | args hash | topology |", "|---|---|---|---|---|---|"]
         for e, spec in profile.engines.items():
@@ -497,7 +497,7 @@ def trend_series(history: list[Mapping[str, Any]], metric: str = "output_through
                  ) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """(engine, case) -> nights oldest first: date, night median, and the band regress would have drawn
     from the nights before it (centre, lo, hi; None with too little history), and whether it fell outside."""
-    from steps.regress import METRICS, judge_two_stage, nightly_medians
+    from gauntlet.steps.regress import METRICS, judge_two_stage, nightly_medians
 
     stamps: dict[str, str] = {}
     for r in history:
@@ -524,7 +524,7 @@ def trend_series(history: list[Mapping[str, Any]], metric: str = "output_through
 
 
 def _profile_of(run_dir: Path) -> Any:
-    from params import ProfileError, load_profile
+    from gauntlet.params import ProfileError, load_profile
 
     run = _load(Path(run_dir) / "run.json")   # the local runner's record of the run
     if isinstance(run, dict) and run.get("profile"):
@@ -555,7 +555,7 @@ def write_report(run_dir: str | Path, results: Any = None, *, profile: Any = Non
     uri = results if results is not None else (os.environ.get("GAUNTLET_RESULTS_URI")
                                                 or (profile.results_uri if profile is not None else None))
     if isinstance(uri, (str, Path)):
-        from steps.results import read_rounds
+        from gauntlet.steps.results import read_rounds
         try:
             t = read_rounds(uri, profile=profile.name if profile is not None else None,
                             columns=["run_id", "engine", "case", "valid", "timestamp", "output_throughput",

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import Check
+from gauntlet.contract import Check
 
 NAME = "report"
 HELP = "Write report.md and plots for the run directory"
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from steps.report import write_report
+    from gauntlet.steps.report import write_report
 
     run_dir = Path(args.run_dir) if args.run_dir else Path(out).resolve().parent
     uri = args.results_uri or os.environ.get("GAUNTLET_RESULTS_URI") or args.profile_obj.results_uri

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from steps._bench import LATENCY_METRICS, SPEC_METRICS
+from gauntlet.steps._bench import LATENCY_METRICS, SPEC_METRICS
 
 __all__ = ["SCHEMA", "MAIN_CLIENT", "open_store", "append_rounds", "read_rounds", "table_for", "PARTITIONING"]
 

@@ -1,7 +1,7 @@
 """Gate 3: the engine answers correctly, not merely with HTTP 200.
 
 Seven checks against an OpenAI-compatible endpoint, each judged on content
-(``steps._answers``, ``_replies``, ``_sse``): served model name; deterministic
+(``gauntlet.steps._answers``, ``_replies``, ``_sse``): served model name; deterministic
 arithmetic (the number is parsed out of the answer and compared); reasoning
 split; a schema-valid tool call; streaming equal to the non-streamed answer,
 and multi-turn recall; image input understood (or, text-only, refused with a
@@ -14,7 +14,7 @@ Tool calling per profile (``smoke.tool_choice``):
 - ``local-cpu`` (SmolLM2, vLLM ``--tool-call-parser hermes``): a *named*
   tool_choice, because SmolLM2's chat template has no tools and auto choice
   makes no call. vLLM 0.32 gives named calls finish_reason ``stop`` (as
-  OpenAI does), SGLang 0.5.23 ``tool_calls`` (``steps._engine_replies``). The profile sets ``VLLM_ENFORCE_STRICT_TOOL_CALLING=0``: with
+  OpenAI does), SGLang 0.5.23 ``tool_calls`` (``gauntlet.steps._engine_replies``). The profile sets ``VLLM_ENFORCE_STRICT_TOOL_CALLING=0``: with
   the default strict structural tags the arguments come back as ``"Paris"``
   (valid JSON, not the schema's object), which this check fails.
 - ``kimi-k3-h20`` (SGLang and vLLM, ``--tool-call-parser kimi_k3`` and
@@ -42,13 +42,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from params.models import Profile
-from steps._answers import judge_number, mentions, sanity_problems
-from steps._engine_replies import rules_for
-from steps._evidence import Check, UsageError
-from steps._probe_image import COLOURS, broken_png, data_url, solid_png
-from steps._replies import Answer, Exchange, chat_answer, judge_reasoning, judge_refusal, judge_tool_call
-from steps._sse import parse_sse
+from gauntlet.params.models import Profile
+from gauntlet.steps._answers import judge_number, mentions, sanity_problems
+from gauntlet.steps._engine_replies import rules_for
+from gauntlet.contract import Check, UsageError
+from gauntlet.steps._probe_image import COLOURS, broken_png, data_url, solid_png
+from gauntlet.steps._replies import Answer, Exchange, chat_answer, judge_reasoning, judge_refusal, judge_tool_call
+from gauntlet.steps._sse import parse_sse
 
 NAME = "smoke"
 HELP = "Gate 3: content-correctness smoke (models, arithmetic, reasoning, tools, streaming, images, errors)"

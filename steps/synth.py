@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from params.models import Profile
-from steps._evidence import write_json_atomic
-from steps._marker import write_marker
+from gauntlet.params.models import Profile
+from gauntlet.contract import write_json_atomic
+from gauntlet.steps._marker import write_marker
 
 __all__ = ["synth_from_profile", "plan_layout", "write_sparse_shard", "header_bytes"]
 

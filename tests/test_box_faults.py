@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from box.scenarios import GPU_STANDINS, outcome_from_workflow, running, task_phases
-from workflows.render import RUN_LABEL, template_name
+from gauntlet.workflows.render import RUN_LABEL, template_name
 
 pytestmark = pytest.mark.argo
 

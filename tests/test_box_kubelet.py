@@ -383,7 +383,7 @@ def test_real_argoexec_reports_outputs_retries_and_logs_through_the_kubelet(box_
     retried by Argo; the step's log read through the API server's pods/log from the kubelet endpoint."""
     import time
 
-    from params import load_images
+    from gauntlet.params import load_images
 
     s, box = box_session, box_session.box
     step_image = load_images()["steps"].ref

@@ -144,9 +144,11 @@ def test_second_run_on_the_pool_waits_for_the_mutex(box_session):
     while time.monotonic() < deadline:
         first, second = wf(names[0]), wf(names[1])
         p1, p2 = (first.get("status") or {}).get("phase"), (second.get("status") or {}).get("phase")
-        if p1 == "Running" and held_while_first_ran is None:
-            held_while_first_ran = (p2, (second.get("status") or {}).get("message", ""),
-                                    (second.get("status") or {}).get("synchronization"))
+        # the controller may not have looked at the second yet when the first turns Running: keep the
+        # first observation of the second that carries a status while the first still runs
+        s2 = second.get("status") or {}
+        if p1 == "Running" and (held_while_first_ran is None or not (held_while_first_ran[1] or held_while_first_ran[2])):
+            held_while_first_ran = (p2, s2.get("message", ""), s2.get("synchronization"))
         if p1 in ("Succeeded", "Failed", "Error") and p2 in ("Succeeded", "Failed", "Error"):
             break
         time.sleep(1)

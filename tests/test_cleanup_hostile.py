@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from k8s_double import FakeEngine, K8sDouble
 
-from params import load_images, load_profile
-from steps import _cleanup_k8s, _deploy_k8s, cleanup
-from steps._deploy_local import LABEL_DIR, find_labelled
-from steps._k8s import manifests as M
-from steps._runner import run_step
+from gauntlet.params import load_images, load_profile
+from gauntlet.steps import _cleanup_k8s, _deploy_k8s, cleanup
+from gauntlet.steps._deploy_local import LABEL_DIR, find_labelled
+from gauntlet.steps._k8s import manifests as M
+from gauntlet.steps.runner import run_step
 
 UID = "7c3e1a90-aaaa-bbbb-cccc-ddddeeeeffff"
 KIMI = load_profile("kimi-k3-h20")
@@ -132,7 +132,7 @@ def test_local_releases_whatever_the_arguments(labelled_engine, kw):
 
 def test_local_cleanup_cli_with_hostile_args_exits_zero(labelled_engine):
     run_dir, proc = labelled_engine
-    r = subprocess.run([sys.executable, "-m", "workflows.cli", "step", "cleanup", "--profile", "/nonexistent.yaml",
+    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "step", "cleanup", "--profile", "/nonexistent.yaml",
                         "--out", str(run_dir / "cleanup"), "--workflow-status", "", "--failures", "\"[broken",
                         "--backend", "local", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -19,9 +19,9 @@ import httpx
 import pytest
 import yaml
 
-from params import profile_path
-from steps._deploy_local import find_labelled, state_path
-from steps._engine_local import free_port, group_members, port_open
+from gauntlet.params import profile_path
+from gauntlet.steps._deploy_local import find_labelled, state_path
+from gauntlet.steps._engine_local import free_port, group_members, port_open
 
 from conftest import REPO, require_vllm
 
@@ -46,7 +46,7 @@ def profile_file(tmp_path: Path, local_model: Path):
 
 
 def step(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "workflows.cli", "step", *argv], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "step", *argv], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -115,7 +115,7 @@ def test_readiness_timeout_fails_and_leaves_nothing(tmp_path: Path, profile_file
 def test_interrupted_deploy_leaves_nothing(tmp_path: Path, profile_file, sig: signal.Signals) -> None:
     prof, port = profile_file()
     seq = tmp_path / "run" / "vllm"
-    proc = subprocess.Popen([sys.executable, "-m", "workflows.cli", "step", "deploy", "--profile", str(prof),
+    proc = subprocess.Popen([sys.executable, "-m", "gauntlet.workflows.cli", "step", "deploy", "--profile", str(prof),
                              "--out", str(seq / "deploy"), "--engine", "vllm"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     state = state_path(seq.resolve(), "vllm")
@@ -188,8 +188,8 @@ def test_unknown_variant_is_a_usage_error(tmp_path: Path) -> None:
 def test_variant_spec_changes_one_flag() -> None:
     import argparse
 
-    from params import load_profile
-    from steps._deploy_local import _spec
+    from gauntlet.params import load_profile
+    from gauntlet.steps._deploy_local import _spec
     prof = load_profile("local-cpu")
     spec, name = _spec(argparse.Namespace(engine="vllm", variant="prefix-cache"), prof)
     assert name == "prefix-cache" and spec.args.prefix_cache is True

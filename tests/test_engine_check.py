@@ -6,13 +6,13 @@ import importlib.util
 
 import pytest
 
-from params import load_profile
-from params.models import Profile
-from steps._evidence import Verdict
-from steps import engine_check
-from steps.engine_check import VllmAdapter, collect, judge, planned_argvs
-from steps.synth import synth_from_profile
-from workflows.cli import main
+from gauntlet.params import load_profile
+from gauntlet.params.models import Profile
+from gauntlet.contract import Verdict
+from gauntlet.steps import engine_check
+from gauntlet.steps.engine_check import VllmAdapter, collect, judge, planned_argvs
+from gauntlet.steps.synth import synth_from_profile
+from gauntlet.workflows.cli import main
 
 pytestmark = pytest.mark.slow
 LOCAL = load_profile("local-cpu")

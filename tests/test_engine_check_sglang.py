@@ -10,13 +10,13 @@ import os
 
 import pytest
 
-from params import ProfileError, load_profile
-from params.models import Profile, Variant
-from steps._evidence import Verdict
-from steps._sglang_models import entry_classes, registered_architectures
-from steps.engine_check import SglangAdapter, collect, judge, planned_argvs
-from steps.synth import synth_from_profile
-from workflows.cli import main
+from gauntlet.params import ProfileError, load_profile
+from gauntlet.params.models import Profile, Variant
+from gauntlet.contract import Verdict
+from gauntlet.steps._sglang_models import entry_classes, registered_architectures
+from gauntlet.steps.engine_check import SglangAdapter, collect, judge, planned_argvs
+from gauntlet.steps.synth import synth_from_profile
+from gauntlet.workflows.cli import main
 
 pytestmark = pytest.mark.slow
 KIMI = load_profile("kimi-k3-h20")

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from steps._evidence import Check, TransientError, UsageError, Verdict, overall_status
-from steps._runner import run_step
+from gauntlet.contract import Check, TransientError, UsageError, Verdict, overall_status
+from gauntlet.steps.runner import run_step
 
 
 def _module(fn):

@@ -3,10 +3,10 @@
 import pytest
 from pydantic import ValidationError
 
-from params import load_profile
-from params.models import Variant
-from steps.engine_cmd import apply_change
-from steps.experiment import (args_diff, baseline_cases, compare, decision, one_change_problems, phase_plan,
+from gauntlet.params import load_profile
+from gauntlet.params.models import Variant
+from gauntlet.steps.engine_cmd import apply_change
+from gauntlet.steps.experiment import (args_diff, baseline_cases, compare, decision, one_change_problems, phase_plan,
                               phase_verdicts, verdict)
 
 
@@ -119,9 +119,9 @@ def test_prefix_cache_experiment_real_engine(tmp_path, endpoint):
 
     import yaml
 
-    from params import profile_path
-    from steps._engine_local import free_port, port_open
-    from workflows.cli import main as gauntlet
+    from gauntlet.params import profile_path
+    from gauntlet.steps._engine_local import free_port, port_open
+    from gauntlet.workflows.cli import main as gauntlet
 
     doc = yaml.safe_load(profile_path("local-cpu").read_text())
     doc["bench"].update(warmup_prompts=1, prompts_per_concurrency=1)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from params import load_profile
-from steps import _gpu
+from gauntlet.params import load_profile
+from gauntlet.steps import _gpu
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "gpu" / "nvidia-h200-1gpu"
 

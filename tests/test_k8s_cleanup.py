@@ -9,10 +9,10 @@ import json
 import pytest
 from k8s_double import FakeEngine, K8sDouble
 
-from params import load_images, load_profile
-from steps import _deploy_k8s, cleanup
-from steps._k8s import manifests as M
-from steps._runner import run_step
+from gauntlet.params import load_images, load_profile
+from gauntlet.steps import _deploy_k8s, cleanup
+from gauntlet.steps._k8s import manifests as M
+from gauntlet.steps.runner import run_step
 
 UID = "7c3e1a90-aaaa-bbbb-cccc-ddddeeeeffff"
 OTHER_RUN = "0badc0de-0000-1111-2222-333344445555"

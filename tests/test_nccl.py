@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from params import load_profile
-from steps import _nccl_probe as P
-from steps import network
-from steps._runner import run_step
+from gauntlet.params import load_profile
+from gauntlet.steps import _nccl_probe as P
+from gauntlet.steps import network
+from gauntlet.steps.runner import run_step
 
 KIMI = load_profile("kimi-k3-h20")
 HAVE_TORCH = importlib.util.find_spec("torch") is not None

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import sysfs_tree as T
 
-from params import load_profile
-from steps import _gpu, _sysfs, nodes
-from steps._runner import run_step
+from gauntlet.params import load_profile
+from gauntlet.steps import _gpu, _sysfs, nodes
+from gauntlet.steps.runner import run_step
 
 KIMI = load_profile("kimi-k3-h20")
 

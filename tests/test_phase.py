@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from params import load_profile
-from workflows.graph import build_graph
-from workflows.phase import dag_phase, targets
+from gauntlet.params import load_profile
+from gauntlet.workflows.graph import build_graph
+from gauntlet.workflows.phase import dag_phase, targets
 
 
 def tasks_of(profile: str, dag: str = "main") -> dict[str, str | None]:
@@ -67,7 +67,7 @@ def test_the_local_runner_judges_the_workflow_as_argo_does(tmp_path):
     the nightly is Failed only because its report fails on the regression (steps/report_step.py)."""
     from test_runner import make_runner
 
-    from workflows.graph import Dag, Graph, Task
+    from gauntlet.workflows.graph import Dag, Graph, Task
 
     def graph(report_step: str) -> Graph:
         main = Dag("main", (Task("regress", step="fake-fail", gate="report"),

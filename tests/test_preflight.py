@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from params import load_profile
-from params.models import Profile
-from steps._evidence import Verdict
-from steps.synth import synth_from_profile
-from workflows.cli import main
+from gauntlet.params import load_profile
+from gauntlet.params.models import Profile
+from gauntlet.contract import Verdict
+from gauntlet.steps.synth import synth_from_profile
+from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
 SHARD3 = "model-00003-of-00096.safetensors"
@@ -272,7 +272,7 @@ def test_unreadable_shard_permission_denied(tmp_path, model, profile):
     pf = tmp_path / "profile.yaml"
     pf.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "workflows.cli", "step", "preflight", "--profile", str(pf),
+    cmd = [sys.executable, "-m", "gauntlet.workflows.cli", "step", "preflight", "--profile", str(pf),
            "--model-path", str(model), "--out", str(out)]
     if os.geteuid() == 0:
         if not shutil.which("setpriv"):
@@ -328,7 +328,7 @@ def test_pin_drift_names_the_component(tmp_path, model, profile):
     tc = json.loads((model / "tokenizer_config.json").read_text())
     tc["eos_token"] = "<|eot|>"
     (model / "tokenizer_config.json").write_text(json.dumps(tc))
-    from steps._marker import write_marker
+    from gauntlet.steps._marker import write_marker
     write_marker(model, revision="synthetic")
     v = assert_fails(tmp_path, model, profile, "fingerprint-pin", "tokenizer differs", "tokenizer_config.json",
                      extra=("--pin", str(pin)))
@@ -378,7 +378,7 @@ def test_empty_weight_map(tmp_path, model, profile):
 
 def test_dot_slash_shard_names_are_the_same_files(tmp_path, model, profile):
     _edit_index(model, lambda wm: wm.update({t: f"./{s}" for t, s in wm.items()}))
-    from steps._marker import write_marker
+    from gauntlet.steps._marker import write_marker
     write_marker(model, revision="synthetic")
     rc, v = run_preflight(tmp_path, model, profile)
     assert rc == 0, failed(v)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from params.models import Architecture, MoESpec, QuantSpec
-from steps._config_checks import config_checks, read_layer_kinds, read_quantization
-from steps._fingerprint import fingerprint, fingerprint_diff
-from steps._shards import index_path_problem, read_header
+from gauntlet.params.models import Architecture, MoESpec, QuantSpec
+from gauntlet.steps._config_checks import config_checks, read_layer_kinds, read_quantization
+from gauntlet.steps._fingerprint import fingerprint, fingerprint_diff
+from gauntlet.steps._shards import index_path_problem, read_header
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 
@@ -135,5 +135,5 @@ def test_header_length_larger_than_file_is_refused_before_reading(tmp_path):
     ({"e": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, {"e": "BF16"}),          # the fast path
 ])
 def test_header_dtypes_fast_path_never_guesses(header, want):
-    from steps._shards import _dtypes
+    from gauntlet.steps._shards import _dtypes
     assert _dtypes(json.dumps(header, separators=(",", ":")).encode()) == want

@@ -11,11 +11,11 @@ import yaml
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from params import load_profile
-from steps._evidence import Verdict
-from steps._marker import write_marker
-from steps.synth import synth_from_profile
-from workflows.cli import main
+from gauntlet.params import load_profile
+from gauntlet.contract import Verdict
+from gauntlet.steps._marker import write_marker
+from gauntlet.steps.synth import synth_from_profile
+from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
 SHARD3 = "model-00003-of-00096.safetensors"
@@ -102,7 +102,7 @@ def test_missing_or_broken_evidence_is_a_failed_check(nodes, tmp_path):
 
 
 def test_graph_fans_preflight_out_per_node_and_joins_with_compare():
-    from workflows.graph import build_graph
+    from gauntlet.workflows.graph import build_graph
     main_dag = build_graph(KIMI).main
     pre = [t for t in main_dag.tasks if t.step == "preflight"]
     assert [t.node for t in pre] == [n.name for n in KIMI.hardware.nodes] and all(t.gpus == 0 for t in pre)

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from params import load_profile
-from steps._evidence import Verdict
-from steps.prewarm import prewarm, write_marker
-from steps.synth import synth_from_profile
-from workflows.cli import main
+from gauntlet.params import load_profile
+from gauntlet.contract import Verdict
+from gauntlet.steps.prewarm import prewarm, write_marker
+from gauntlet.steps.synth import synth_from_profile
+from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
 LOCAL = load_profile("local-cpu")
@@ -147,7 +147,7 @@ def test_a_failed_copy_never_leaves_a_marker(tmp_path, src):
     write_marker(src, revision="r2")
     (src / "config.json").chmod(0)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "workflows.cli", "step", "prewarm", "--profile", "kimi-k3-h20",
+    cmd = [sys.executable, "-m", "gauntlet.workflows.cli", "step", "prewarm", "--profile", "kimi-k3-h20",
            "--src", str(src), "--dst", str(dst), "--out", str(out)]
     if os.geteuid() == 0:
         if not shutil.which("setpriv"):
@@ -166,7 +166,7 @@ def test_interrupted_prewarm_leaves_no_marker_and_resumes(tmp_path):
     src = synth_from_profile(prof, tmp_path / "src", sparse=True)   # 2 x 256 MiB, copied as real bytes
     dst = tmp_path / "dst"
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "workflows.cli", "step", "prewarm", "--profile", "kimi-k3-h20", "--src", str(src),
+    cmd = [sys.executable, "-m", "gauntlet.workflows.cli", "step", "prewarm", "--profile", "kimi-k3-h20", "--src", str(src),
            "--dst", str(dst), "--out", str(out), "--streams", "1"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
@@ -184,10 +184,10 @@ def test_interrupted_prewarm_leaves_no_marker_and_resumes(tmp_path):
 
 
 def test_local_profile_without_the_recipe_module_fails_clearly(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "steps.models_local", None)   # import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "gauntlet.steps.models_local", None)   # import of it raises ImportError
     rc, v = step(tmp_path, "--dst", str(tmp_path / "m"), profile="local-cpu")
     c = {c.name: c for c in v.checks}["prepare"]
-    assert rc == 1 and c.status == "fail" and "steps.models_local" in c.detail and "smollm2" in c.detail
+    assert rc == 1 and c.status == "fail" and "gauntlet.steps.models_local" in c.detail and "smollm2" in c.detail
 
 
 def test_local_profile_runs_the_recipe(tmp_path, monkeypatch):
@@ -197,7 +197,7 @@ def test_local_profile_runs_the_recipe(tmp_path, monkeypatch):
         calls.append((name, cache))
         return synth_from_profile(LOCAL, Path(cache) / "smollm2-135m-instruct")
 
-    monkeypatch.setitem(sys.modules, "steps.models_local", types.SimpleNamespace(prepare=prepare))
+    monkeypatch.setitem(sys.modules, "gauntlet.steps.models_local", types.SimpleNamespace(prepare=prepare))
     monkeypatch.chdir(tmp_path)
     rc, v = step(tmp_path, profile="local-cpu")
     assert rc == 0, [c.detail for c in v.checks]

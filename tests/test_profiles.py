@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from params import ProfileError, load_images, load_profile
-from params.loader import IMAGES_FILE, PROFILES_DIR
+from gauntlet.params import ProfileError, load_images, load_profile
+from gauntlet.params.loader import IMAGES_FILE, PROFILES_DIR
 
 KIMI = PROFILES_DIR / "kimi-k3-h20.yaml"
 
@@ -28,7 +28,7 @@ def _kimi() -> dict:
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
     e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "workflows.cli", *args], capture_output=True, text=True, env=e)
+    return subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", *args], capture_output=True, text=True, env=e)
 
 
 def test_shipped_profiles_validate():

@@ -15,11 +15,11 @@ import kubernetes_validate
 import pytest
 from k8s_double import FakeEngine, K8sDouble, running
 
-from params import load_profile
-from steps import _cleanup_k8s, _deploy_k8s, _janitor_k8s, network
-from steps._k8s import rbac
-from steps._k8s.api import connect
-from steps._k8s.manager import KINDS, node_gpu_pods
+from gauntlet.params import load_profile
+from gauntlet.steps import _cleanup_k8s, _deploy_k8s, _janitor_k8s, network
+from gauntlet.steps._k8s import rbac
+from gauntlet.steps._k8s.api import connect
+from gauntlet.steps._k8s.manager import KINDS, node_gpu_pods
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_CODE = [ROOT / "steps" / p for p in ("_k8s/api.py", "_k8s/apply.py", "_k8s/manager.py", "_deploy_k8s.py",

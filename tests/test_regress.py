@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from params import load_profile
-from steps.regress import DEFAULT_RULE, Rule, judge, judge_metric, judge_two_stage, nightly_medians, run
-from steps.results import append_rounds
+from gauntlet.params import load_profile
+from gauntlet.steps.regress import DEFAULT_RULE, Rule, judge, judge_metric, judge_two_stage, nightly_medians, run
+from gauntlet.steps.results import append_rounds
 
 
 def _hist(n, centre=100.0, jitter=0.01, seed=1):
@@ -116,14 +116,14 @@ def _noisy(n=14, sd=0.02, seed=5):
 
 
 def _band(hist, k):
-    from steps._stats import mad, median
+    from gauntlet.steps._stats import mad, median
     return max(k * 1.4826 * mad(hist), 0.03 * median(hist))
 
 
 def test_suspicion_is_labelled_regressed_only_when_confirmed():
     hist = _noisy()
     rule = DEFAULT_RULE
-    from steps._stats import median
+    from gauntlet.steps._stats import median
     centre = median(hist)
     night = centre - (_band(hist, rule.k_suspect) + _band(hist, rule.k)) / 2   # past suspect, inside the band
     cleared = judge_two_stage(night, hist, +1, 0.03, rule, confirm=centre, confirm_rounds=6)
@@ -193,8 +193,8 @@ def test_final_stage_judges_the_confirmation_rounds(tmp_path, factor, label):
 def test_confirmation_runs_only_on_a_suspicion_and_never_holds_longctx_back(suspect, runs):
     """The graph both back ends walk: confirm's `when` on the suspect stage's output (its Argo default is
     empty), and longctx after confirm whether it ran or was skipped."""
-    from workflows.conditions import eval_depends, eval_when, substitute
-    from workflows.graph import build_graph
+    from gauntlet.workflows.conditions import eval_depends, eval_when, substitute
+    from gauntlet.workflows.graph import build_graph
 
     seq = build_graph(load_profile("local-cpu")).sequences[0]
     confirm, longctx = seq.task("confirm"), seq.task("longctx")
@@ -248,9 +248,9 @@ def test_confirm_before_alarm_real_engine(tmp_path, endpoint):
 
     import yaml
 
-    from params import profile_path
-    from steps.results import read_rounds
-    from workflows.cli import main as gauntlet
+    from gauntlet.params import profile_path
+    from gauntlet.steps.results import read_rounds
+    from gauntlet.workflows.cli import main as gauntlet
 
     doc = yaml.safe_load(profile_path("local-cpu").read_text())
     doc["bench"].update(warmup_prompts=1, prompts_per_concurrency=1)

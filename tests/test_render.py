@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from params import load_profile
-from workflows.graph import build_graph
-from workflows.lint import lint_paths
-from workflows.render import RUN_LABEL, dump_yaml, render_documents, render_profile
+from gauntlet.params import load_profile
+from gauntlet.workflows.graph import build_graph
+from gauntlet.workflows.lint import lint_paths
+from gauntlet.workflows.render import RUN_LABEL, dump_yaml, render_documents, render_profile
 
 GOLDEN = Path(__file__).parent / "golden"
 PROFILES = ["kimi-k3-h20", "h200-1gpu"]          # a local profile renders nothing (test_local_profile_...)
@@ -67,7 +67,7 @@ def test_rendered_files_pass_strict_lint_and_are_deterministic(profile, tmp_path
 
 
 def test_make_run_style_render_writes_template_and_cron(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "workflows.cli", "render", "--profile", "kimi-k3-h20",
+    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "render", "--profile", "kimi-k3-h20",
                         "--out", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -259,10 +259,10 @@ def test_rbac_is_namespaced_and_least_privilege():
 # --- what makes rendered documents runnable (issue 10: 1, 6, 7) ---------------------------------------------
 
 def test_local_profile_refuses_to_render_in_one_line(tmp_path):
-    from workflows.render import RenderError
+    from gauntlet.workflows.render import RenderError
     with pytest.raises(RenderError, match="hardware.kind 'local'"):
         render_documents(load_profile("local-cpu"))
-    r = subprocess.run([sys.executable, "-m", "workflows.cli", "render", "--profile", "local-cpu",
+    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "render", "--profile", "local-cpu",
                         "--out", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("RenderError: ") and len(r.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
@@ -274,7 +274,7 @@ def _profile_cm(docs: dict) -> dict:
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_step_reads_the_rendered_profile_from_its_configmap(profile, tmp_path):
-    from workflows.render import PROFILE_DIR
+    from gauntlet.workflows.render import PROFILE_DIR
     docs = _docs(profile)
     cm = _profile_cm(docs)
     wt = next(v for k, v in docs.items() if k.endswith(".workflowtemplate.yaml"))
@@ -294,7 +294,7 @@ def test_every_step_reads_the_rendered_profile_from_its_configmap(profile, tmp_p
     # what the pod reads validates back into the very profile that was rendered, images included
     for key, text in cm["data"].items():
         (tmp_path / key).write_text(text)
-    from params import load_images
+    from gauntlet.params import load_images
     images = load_images(tmp_path / "images.yaml")
     assert images == load_images()
     assert load_profile(tmp_path / f"{load_profile(profile).name}.yaml", images=images) == load_profile(profile)
@@ -307,7 +307,7 @@ def test_a_profile_file_outside_the_repo_renders_documents_that_run(tmp_path):
     mine.parent.mkdir()
     mine.write_text(text.replace("name: kimi-k3-h20", "name: kimi-k3-mine", 1))
     out = tmp_path / "build"
-    r = subprocess.run([sys.executable, "-m", "workflows.cli", "render", "--profile", str(mine), "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "render", "--profile", str(mine), "--out", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rendered = "".join(p.read_text() for p in out.iterdir())
@@ -317,7 +317,7 @@ def test_a_profile_file_outside_the_repo_renders_documents_that_run(tmp_path):
 
 
 def test_janitor_cronworkflow():
-    from steps._k8s.rbac import JANITOR_ACCOUNT
+    from gauntlet.steps._k8s.rbac import JANITOR_ACCOUNT
     jan = _docs("kimi-k3-h20")["gauntlet-janitor.cronworkflow.yaml"]
     spec = jan["spec"]
     assert jan["metadata"]["name"] == "gauntlet-janitor"

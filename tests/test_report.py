@@ -3,14 +3,14 @@
 import json
 from pathlib import Path
 
-from params import load_profile
-from steps._bench import parse_result
-from steps._evidence import Check, Verdict, now_iso
-from steps._stats import stability
-from steps.experiment import compare, verdict
-from steps.longctx import RungResult, judge_rung
-from steps.perf import CaseResult, case_table
-from steps.report import fair_ab, write_report
+from gauntlet.params import load_profile
+from gauntlet.steps._bench import parse_result
+from gauntlet.contract import Check, Verdict, now_iso
+from gauntlet.steps._stats import stability
+from gauntlet.steps.experiment import compare, verdict
+from gauntlet.steps.longctx import RungResult, judge_rung
+from gauntlet.steps.perf import CaseResult, case_table
+from gauntlet.steps.report import fair_ab, write_report
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 
@@ -37,7 +37,7 @@ def _run_dir(tmp_path: Path) -> Path:
     (run / "vllm" / "perf" / "rounds.json").write_text(json.dumps([{"profile": "local-cpu"}]))
     Verdict.of("perf", now_iso(), [Check("c4-128-32/stable", "pass")],
                {"engine": "vllm", "cases": {"c4-128-32": c4.to_dict()}}).write(run / "vllm" / "perf-c4-128-32")
-    from params.models import Rung
+    from gauntlet.params.models import Rung
     ladder = []
     for t, exp, oc in ((1024, "pass", "passed"), (2048, "pass", "passed"), (4096, "fail", "missed")):
         st, lb, detail = judge_rung(Rung(tokens=t, expect=exp), oc, [])
@@ -116,7 +116,7 @@ def test_report_says_why_without_an_ab_table(tmp_path):
 
 
 def test_report_shows_each_phase_and_the_confirmation(tmp_path):
-    from steps.experiment import decision, phase_verdicts
+    from gauntlet.steps.experiment import decision, phase_verdicts
 
     run = _run_dir(tmp_path)
     base, same, faster = _case("c2-128-32", 2), _case("c2-128-32", 2, 1.0), _case("c2-128-32", 2, 1.5)
@@ -184,7 +184,7 @@ def _nights(n, drop_last=False):
 def test_trend_has_dates_and_the_band_from_the_nights_before():
     from datetime import datetime
 
-    from steps.report import trend_series
+    from gauntlet.steps.report import trend_series
     one = trend_series(_nights(1))[("vllm", "c2-128-32")]
     assert len(one) == 1 and one[0]["date"] == datetime(2026, 9, 1, 2, 0) and one[0]["lo"] is None
     many = trend_series(_nights(90, drop_last=True))[("vllm", "c2-128-32")]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from steps import report_step
-from steps._runner import run_step
+from gauntlet.steps import report_step
+from gauntlet.steps.runner import run_step
 
 
 def _run(tmp_path: Path, regress_verdict: str | None) -> tuple[int, dict]:

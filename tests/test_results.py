@@ -5,7 +5,7 @@ import socket
 import pyarrow.fs as pafs
 import pytest
 
-from steps.results import append_rounds, read_rounds
+from gauntlet.steps.results import append_rounds, read_rounds
 
 
 def _row(**kw):

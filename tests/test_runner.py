@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from steps._deploy_local import find_labelled
-from steps._engine_local import group_members
-from workflows.conditions import ExpressionError, eval_depends, eval_when, references, substitute
-from workflows.graph import Dag, Graph, Task, build_graph
-from workflows.local import Runner, output_default, write_summary
+from gauntlet.steps._deploy_local import find_labelled
+from gauntlet.steps._engine_local import group_members
+from gauntlet.workflows.conditions import ExpressionError, eval_depends, eval_when, references, substitute
+from gauntlet.workflows.graph import Dag, Graph, Task, build_graph
+from gauntlet.workflows.local import Runner, output_default, write_summary
 
 FAKES = Path(__file__).parent / "fakes"
 REPO = Path(__file__).resolve().parent.parent
@@ -124,7 +124,7 @@ def test_output_defaults_match_the_argo_renderer() -> None:
 
 def test_real_graph_expressions_all_parse() -> None:
     """Every depends/when of the local profile's graph evaluates (no syntax the runner cannot read)."""
-    from params import load_profile
+    from gauntlet.params import load_profile
     g = build_graph(load_profile("local-cpu"))
     for dag in g.dags:
         phases = {t.name: "Succeeded" for t in dag.tasks}
@@ -169,7 +169,7 @@ def fake_graph(fail_at: str | None = "smoke") -> Graph:
 def make_runner(tmp_path: Path, graph: Graph, engines: str = "vllm", steps: dict[str, str] | None = None) -> Runner:
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
-    mods = steps or {n: "steps.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown",
+    mods = steps or {n: "gauntlet.steps.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown",
                                                      "cleanup")}
     return Runner(graph, PROFILE, run_dir, {"engines": engines, "run-dir": str(run_dir)}, cli="fake_cli",
                   steps=mods, stream=io.StringIO(), cwd=REPO,
@@ -230,7 +230,7 @@ def test_all_pass_runs_everything_in_order_and_when(tmp_path: Path) -> None:
 
 def test_when_false_skips_and_engines_parameter(tmp_path: Path) -> None:
     r = make_runner(tmp_path, fake_graph(None), engines="sglang",
-                    steps={n: "steps.cleanup" for n in ("fake-pass", "fake-engine", "fake-teardown", "cleanup",
+                    steps={n: "gauntlet.steps.cleanup" for n in ("fake-pass", "fake-engine", "fake-teardown", "cleanup",
                                                         "perf")})
     assert r.run() == "Succeeded"
     p = phases(r)

@@ -12,10 +12,10 @@ import zlib
 
 import pytest
 
-from steps._answers import extract_number, judge_number, mentions, sanity_problems
-from steps._probe_image import broken_png, data_url, solid_png
-from steps._replies import Answer, Exchange, chat_answer, error_message, judge_reasoning, judge_refusal, judge_tool_call
-from steps._sse import parse_sse
+from gauntlet.steps._answers import extract_number, judge_number, mentions, sanity_problems
+from gauntlet.steps._probe_image import broken_png, data_url, solid_png
+from gauntlet.steps._replies import Answer, Exchange, chat_answer, error_message, judge_reasoning, judge_refusal, judge_tool_call
+from gauntlet.steps._sse import parse_sse
 
 # ---------------------------------------------------------------- numbers
 
@@ -302,7 +302,7 @@ def test_judge_reasoning(answer, needle):
     ("https://gw.example/kimi/v1/", "https://gw.example/kimi"),
 ])
 def test_normalize_endpoint(url, base):
-    from steps.smoke import normalize_endpoint
+    from gauntlet.steps.smoke import normalize_endpoint
     assert normalize_endpoint(url) == base
 
 
@@ -311,7 +311,7 @@ def test_normalize_endpoint(url, base):
     (["--endpoint", "http://127.0.0.1:9", "--engine", "sglang"], "--engine sglang: not in profile local-cpu"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
-    from workflows.cli import main
+    from gauntlet.workflows.cli import main
     rc = main(["step", "smoke", "--profile", "local-cpu", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err
@@ -407,8 +407,8 @@ def _scripted(defect: str | None = None, style: str = "sglang"):
 ])
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_kimi_profile_paths_over_a_scripted_server(defect, failing, engine):
-    from params import load_profile
-    from steps.smoke import Client, run_checks
+    from gauntlet.params import load_profile
+    from gauntlet.steps.smoke import Client, run_checks
     profile = load_profile("kimi-k3-h20")
     with Client("http://kimi.test/v1", 5, transport=_scripted(defect, style=engine)) as c:
         checks, _ = run_checks(c, profile, engine)
@@ -432,8 +432,8 @@ def test_kimi_profile_paths_over_a_scripted_server(defect, failing, engine):
     ("sglang", "vllm", False),
 ])
 def test_named_tool_choice_finish_reason_per_engine(engine, server, ok):
-    from params import load_profile
-    from steps.smoke import Client, Ctx, check_tool_call
+    from gauntlet.params import load_profile
+    from gauntlet.steps.smoke import Client, Ctx, check_tool_call
     profile = load_profile("kimi-k3-h20")
     profile = profile.model_copy(update={"smoke": profile.smoke.model_copy(update={"tool_choice": "named"})})
     with Client("http://kimi.test/v1", 5, transport=_scripted(style=server)) as c:
@@ -445,7 +445,7 @@ def test_named_tool_choice_finish_reason_per_engine(engine, server, ok):
 
 
 def test_reply_rules_come_with_their_source():
-    from steps._engine_replies import OPENAI, RULES, rules_for
+    from gauntlet.steps._engine_replies import OPENAI, RULES, rules_for
     assert rules_for("llamacpp") is OPENAI and OPENAI.tool_finish("named") == "stop"
     for rules in RULES.values():
         assert {"tool_finish", "reasoning_field"} <= set(rules.sources)

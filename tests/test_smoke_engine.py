@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from params import load_profile, profile_path
-from steps.smoke import Client, run_checks
-from workflows.cli import main as gauntlet
+from gauntlet.params import load_profile, profile_path
+from gauntlet.steps.smoke import Client, run_checks
+from gauntlet.workflows.cli import main as gauntlet
 
 
 def _url_of(engine) -> str:
@@ -125,8 +125,8 @@ def test_strict_tool_tags_and_engine_killed_mid_run(tmp_path, local_model):
     from conftest import require_vllm
 
     require_vllm()
-    from steps._engine_local import LocalEngine, free_port, group_members
-    from steps.engine_cmd import engine_command, engine_env
+    from gauntlet.steps._engine_local import LocalEngine, free_port, group_members
+    from gauntlet.steps.engine_cmd import engine_command, engine_env
 
     profile = load_profile("local-cpu")
     spec = profile.engines["vllm"].model_copy(update={"port": free_port()})

@@ -67,7 +67,7 @@ def argo():
 
 
 def _submit(*args):
-    return subprocess.run([sys.executable, "-m", "workflows.cli", "submit", "--profile", "kimi-k3-h20", *args],
+    return subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "submit", "--profile", "kimi-k3-h20", *args],
                           capture_output=True, text=True)
 
 

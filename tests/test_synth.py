@@ -6,9 +6,9 @@ import json
 
 from safetensors import safe_open
 
-from params import load_profile
-from steps.synth import synth_from_profile
-from workflows.cli import main
+from gauntlet.params import load_profile
+from gauntlet.steps.synth import synth_from_profile
+from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
 

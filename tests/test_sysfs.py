@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from params import load_profile
-from steps import _sysfs
+from gauntlet.params import load_profile
+from gauntlet.steps import _sysfs
 import sysfs_tree as T
 
 KIMI = load_profile("kimi-k3-h20")

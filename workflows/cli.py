@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 
-from params import ProfileError, load_profile
-from steps import STEPS, load_step
-from steps._evidence import EXIT_TRANSIENT, EXIT_USAGE, TransientError, UsageError
+from gauntlet.contract import GauntletError, UsageError, exit_code_of
+from gauntlet.params import load_profile
+from gauntlet.steps import STEPS, GateImportError, load_step
+from gauntlet.steps.options import add_options
 
 __all__ = ["main", "build_parser"]
 
@@ -86,49 +88,56 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             continue
         try:
             mod = load_step(name)
-        except ImportError:
+        except GateImportError:
+            if name == wanted:
+                raise           # the gate being run: a crash with its traceback (main), not "invalid choice"
+            ssub.add_parser(name, help="(its module does not import: run `gauntlet step " + name + "` to see why)")
             continue
         sp = ssub.add_parser(name, help=mod.HELP, description=mod.HELP)
         if getattr(mod, "NEEDS_PROFILE", True):
             _add_profile(sp, required=False)
         sp.add_argument("--out", default=f"evidence/{name}", help="evidence directory (default: evidence/<gate>)")
-        mod.add_arguments(sp)
+        if hasattr(mod, "Options"):
+            add_options(mod.Options, sp)
+        else:
+            mod.add_arguments(sp)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv)
+    try:
+        parser = build_parser(argv)
+    except GateImportError as exc:
+        # a broken gate module is a crash (a bug or a broken image), never a usage error: the traceback
+        # goes to the log, then one line naming the gate and the cause
+        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return exit_code_of(exc)
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)
-    except (ProfileError, UsageError) as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except TransientError as exc:
-        print(f"TransientError: {exc}", file=sys.stderr)
-        return EXIT_TRANSIENT
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except (GauntletError, KeyboardInterrupt) as exc:
+        print(f"{type(exc).__name__}: {exc}" if isinstance(exc, GauntletError) else "interrupted", file=sys.stderr)
+        return exit_code_of(exc)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "step":
-        from steps._runner import run_step
+        from gauntlet.steps.runner import run_step
         return run_step(load_step(args.step), args)
     if args.command == "render":
-        from workflows.render import render_profile
+        from gauntlet.workflows.render import render_profile
         profile = load_profile(args.profile)
         paths = render_profile(profile, Path(args.out))
         for p in paths:
             print(p)
         if args.no_lint:
             return 0
-        from workflows.lint import lint_paths, print_findings
+        from gauntlet.workflows.lint import lint_paths, print_findings
         return print_findings(lint_paths(paths))
     if args.command == "lint":
-        from workflows.lint import lint_paths, lint_profile, print_findings
+        from gauntlet.workflows.lint import lint_paths, lint_profile, print_findings
         if args.dir is None and args.profile is None:
             raise UsageError("lint: give a DIR of rendered files or --profile")
         findings = []
@@ -141,30 +150,30 @@ def _dispatch(args: argparse.Namespace) -> int:
             findings += lint_paths(sorted(d.glob("*.yaml")) if d.is_dir() else [d])
         return print_findings(findings)
     if args.command == "submit":
-        from workflows.submit import submit
+        from gauntlet.workflows.submit import submit
         return submit(load_profile(args.profile), args)
     if args.command == "run":
-        from workflows.local import run_local
+        from gauntlet.workflows.local import run_local
         return run_local(load_profile(args.profile), args)
     if args.command == "janitor":
         from datetime import datetime, UTC
 
-        from steps._runner import run_step
+        from gauntlet.steps.runner import run_step
         if args.out is None:
             args.out = str(Path(args.runs_dir) / ".janitor" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S"))
         args.profile = None
         return run_step(load_step("janitor"), args)
     if args.command == "report":
-        from steps.report import write_report
+        from gauntlet.steps.report import write_report
         write_report(Path(args.run_dir), results=args.results)
         return 0
     if args.command == "model":
         if args.model_command == "prepare":
-            from steps.models_local import prepare
+            from gauntlet.steps.models_local import prepare
             print(prepare(args.name, cache=args.cache))
             return 0
         if args.model_command == "synth":
-            from steps.synth import synth_from_profile
+            from gauntlet.steps.synth import synth_from_profile
             print(synth_from_profile(load_profile(args.profile), Path(args.out), sparse=args.sparse))
             return 0
     raise UsageError(f"unknown command {args.command}")

@@ -1,8 +1,8 @@
 """The gate graph as plain data: the one source of truth both back ends read.
 
 :func:`build_graph` turns a profile into a :class:`Graph` of DAG templates.
-The Argo renderer (:mod:`workflows.render`) turns it into a WorkflowTemplate;
-the local runner (:mod:`workflows.local`) walks the same tasks, in the same
+The Argo renderer (:mod:`gauntlet.workflows.render`) turns it into a WorkflowTemplate;
+the local runner (:mod:`gauntlet.workflows.local`) walks the same tasks, in the same
 order, with the same ``depends``/``when`` rules and the same exit handler.
 
 Conventions every step relies on:
@@ -16,11 +16,11 @@ Conventions every step relies on:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from params.models import Profile
-from steps.regress import DEFAULT_RULE
+from gauntlet.contract import param_name
+from gauntlet.params.models import Profile
+from gauntlet.steps.regress import DEFAULT_RULE
 
 __all__ = ["Task", "Dag", "Graph", "build_graph", "param_name", "RUN_DIR", "ENGINE_SEQUENCE",
            "ENGINES_CHOICES",
@@ -35,11 +35,6 @@ BENCH_IMAGE = "steps-vllm"
 # retried, at most RETRY_LIMIT more times; a failed verdict (exit 1) is a result, never retried.
 TRANSIENT_EXIT = 75
 RETRY_LIMIT = 3
-
-
-def param_name(text: str) -> str:
-    """A case or rung name as an output-parameter-safe suffix."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", text)
 
 
 @dataclass(frozen=True)

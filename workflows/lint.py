@@ -380,7 +380,7 @@ def lint_paths(paths: Iterable[Path]) -> list[Finding]:
 
 def lint_profile(profile) -> list[Finding]:
     """Render the profile in memory and lint what it renders."""
-    from workflows.render import render_documents
+    from gauntlet.workflows.render import render_documents
     if profile.hardware.kind != "kubernetes":
         return []           # validated on load; a local profile renders no Argo documents
     named: list[tuple[str, Any]] = []

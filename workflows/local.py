@@ -1,12 +1,12 @@
 """The local back end: walk the gate graph and run each gate as a `gauntlet step` subprocess.
 
-Same graph (:func:`workflows.graph.build_graph`), same commands as the Argo
-containers, same ``depends``/``when`` rules (:mod:`workflows.conditions`), same
+Same graph (:func:`gauntlet.workflows.graph.build_graph`), same commands as the Argo
+containers, same ``depends``/``when`` rules (:mod:`gauntlet.workflows.conditions`), same
 exit handler. A task's phase follows Argo: ``Omitted`` when its depends is
 false, ``Skipped`` when its when is false, ``Failed`` when the step exits
 non-zero, else ``Succeeded``; an engine sequence (a DAG call) fails when one of
 its tasks fails. The exit handler always runs, also on Ctrl-C, and then
-:func:`steps._deploy_local.stop_all` guarantees no engine outlives the run.
+:func:`gauntlet.steps._deploy_local.stop_all` guarantees no engine outlives the run.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
-from params import Profile, profile_path
-from steps import STEPS
-from steps._evidence import now_iso, write_json_atomic
-from workflows.conditions import ExpressionError, eval_depends, eval_when, substitute
-from workflows.phase import dag_phase
-from workflows.graph import ENGINE_SEQUENCE, RETRY_LIMIT, TRANSIENT_EXIT, Dag, Graph, Task, build_graph
+from gauntlet.params import Profile, profile_path
+from gauntlet.steps import STEPS
+from gauntlet.contract import now_iso, write_json_atomic
+from gauntlet.workflows.conditions import ExpressionError, eval_depends, eval_when, substitute
+from gauntlet.workflows.phase import dag_phase
+from gauntlet.workflows.graph import ENGINE_SEQUENCE, RETRY_LIMIT, TRANSIENT_EXIT, Dag, Graph, Task, build_graph
 
 __all__ = ["run_local", "Runner", "TaskResult", "output_default", "write_summary"]
 
@@ -70,7 +70,7 @@ class Runner:
     """One local run of a graph. ``python`` and ``cli`` are overridable so tests can drive fake steps."""
 
     def __init__(self, graph: Graph, profile_file: Path, run_dir: Path, parameters: dict[str, str], *,
-                 python: str = sys.executable, cli: str = "workflows.cli", steps: dict[str, str] | None = None,
+                 python: str = sys.executable, cli: str = "gauntlet.workflows.cli", steps: dict[str, str] | None = None,
                  gates: set[str] | None = None, stream=sys.stdout, cwd: Path | None = None,
                  env: dict[str, str] | None = None, run_cluster_only: bool = False):
         self.graph, self.profile_file, self.run_dir = graph, profile_file, run_dir
@@ -452,8 +452,8 @@ def _run_id() -> str:
 
 def run_local(profile: Profile, args: argparse.Namespace) -> int:
     """`gauntlet run`: the whole graph for ``profile`` on this machine; 0 when no gate failed."""
-    from steps._deploy_local import stop_all
-    from steps._janitor_local import clear_runner, mark_runner, sweep
+    from gauntlet.steps._deploy_local import stop_all
+    from gauntlet.steps._janitor_local import clear_runner, mark_runner, sweep
 
     graph = build_graph(profile)
     run_id = getattr(args, "run_id", None) or _run_id()

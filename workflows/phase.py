@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 
-from workflows.conditions import PHASES
+from gauntlet.workflows.conditions import PHASES
 
 __all__ = ["dag_phase", "targets", "COMPLETED"]
 

@@ -3,7 +3,7 @@
 ``render_documents(profile)`` returns plain dicts: the WorkflowTemplate, the
 nightly CronWorkflow, the RBAC objects, the profile's ConfigMap and the janitor's
 CronWorkflow. ``render_profile`` writes them as YAML (sorted keys, so the output
-is byte-identical across runs). Submitting is a separate call (:mod:`workflows.submit`).
+is byte-identical across runs). Submitting is a separate call (:mod:`gauntlet.workflows.submit`).
 
 Only a ``hardware.kind: kubernetes`` profile renders: a local profile's paths and
 images mean nothing to a cluster (:class:`RenderError`).
@@ -30,12 +30,12 @@ from hera.workflows import (DAG, Artifact, Container, CronWorkflow, Parameter, R
                             WorkflowTemplate)
 from hera.workflows import models as m
 
-from params import load_images
-from params.loader import ImageRef
-from params.models import Profile
-from steps._evidence import UsageError
-from workflows.graph import ENGINE_SEQUENCE, Dag, Graph, build_graph
-from workflows.graph import Task as GTask
+from gauntlet.params import load_images
+from gauntlet.params.loader import ImageRef
+from gauntlet.params.models import Profile
+from gauntlet.contract import UsageError
+from gauntlet.workflows.graph import ENGINE_SEQUENCE, Dag, Graph, build_graph
+from gauntlet.workflows.graph import Task as GTask
 
 __all__ = ["render_documents", "render_profile", "template_name", "cron_name", "janitor_name", "RenderError",
            "RUN_LABEL", "TRANSIENT_EXIT", "PROFILE_DIR", "JANITOR_SCHEDULE", "JANITOR_GRACE"]
@@ -193,8 +193,10 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
         env_from = [m.EnvFromSource(secret_ref=m.SecretEnvSource(name="gauntlet-results", optional=True))]
     init = None
     if in_engine:
-        command = ["python3", "-m", "workflows.cli"]
-        env.append(m.EnvVar(name="PYTHONPATH", value=f"{CODE_DIR}/app"))
+        command = ["python3", "-m", "gauntlet.workflows.cli"]
+        # app/lib/gauntlet holds links to app/{workflows,steps,params}: the `gauntlet.*` namespace
+        # without installing anything into the engine image (images/steps/Dockerfile)
+        env.append(m.EnvVar(name="PYTHONPATH", value=f"{CODE_DIR}/app/lib"))
         init = [m.UserContainer(name="gauntlet-code", image=images["steps"].ref,
                                 command=["cp", "-a", f"{CODE_DIR}/app", "/code/app"],
                                 volume_mounts=[m.VolumeMount(name="gauntlet-code", mount_path="/code")])]
@@ -256,7 +258,7 @@ def _dag(profile: Profile, images: dict[str, ImageRef], dag: Dag, prefix: str) -
 
 
 def _rbac(profile: Profile) -> list[dict[str, Any]]:
-    from steps._k8s.rbac import janitor_manifests, role_manifests
+    from gauntlet.steps._k8s.rbac import janitor_manifests, role_manifests
     return role_manifests(profile.namespace, profile.service_account) + janitor_manifests(profile.namespace)
 
 
@@ -326,7 +328,7 @@ def _cron(profile: Profile, graph: Graph) -> CronWorkflow:
 def _janitor(profile: Profile, images: dict[str, ImageRef]) -> CronWorkflow:
     """Every few minutes: release what labelled runs left behind once their workflow is gone or long
     finished (`argo terminate` skips the exit handler; a controller restart or a lost pod can too)."""
-    from steps._k8s.rbac import JANITOR_ACCOUNT
+    from gauntlet.steps._k8s.rbac import JANITOR_ACCOUNT
     labels = {"app.kubernetes.io/part-of": "gauntlet"}
     out = "/runs/janitor/{{workflow.name}}"
     c = Container(

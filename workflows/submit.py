@@ -12,10 +12,10 @@ import os
 import shlex
 from pathlib import Path
 
-from params.models import Profile
-from steps._evidence import TransientError, UsageError
-from workflows.lint import lint_paths, print_findings
-from workflows.render import cron_name, janitor_name, render_profile, template_name
+from gauntlet.params.models import Profile
+from gauntlet.contract import TransientError, UsageError
+from gauntlet.workflows.lint import lint_paths, print_findings
+from gauntlet.workflows.render import cron_name, janitor_name, render_profile, template_name
 
 __all__ = ["submit", "commands"]
 

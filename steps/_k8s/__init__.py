@@ -1,11 +1,11 @@
 """Kubernetes plumbing for the cluster back end: plan (manifests), execute (apply), manage (owned CRUD).
 
-- :mod:`steps._k8s.manifests`: pure builders of every object a run creates, all labelled with the run;
-- :mod:`steps._k8s.apply`: server-side apply under one field manager;
-- :mod:`steps._k8s.manager`: scale / delete / list / logs that refuse objects without the run's label;
-- :mod:`steps._k8s.rbac`: the exact rules those calls need, and the Role that grants them.
+- :mod:`gauntlet.steps._k8s.manifests`: pure builders of every object a run creates, all labelled with the run;
+- :mod:`gauntlet.steps._k8s.apply`: server-side apply under one field manager;
+- :mod:`gauntlet.steps._k8s.manager`: scale / delete / list / logs that refuse objects without the run's label;
+- :mod:`gauntlet.steps._k8s.rbac`: the exact rules those calls need, and the Role that grants them.
 
-The kubernetes client is imported only inside :mod:`steps._k8s.api`, which talks to the server,
+The kubernetes client is imported only inside :mod:`gauntlet.steps._k8s.api`, which talks to the server,
 so rendering stays offline and pure.
 """
 
@@ -15,7 +15,7 @@ import argparse
 import os
 import re
 
-from steps._evidence import UsageError
+from gauntlet.contract import UsageError
 
 __all__ = ["RUN_LABEL", "FIELD_MANAGER", "ENGINE_LABEL", "COMPONENT_LABEL", "run_id_from", "dns_name"]
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from steps._evidence import TransientError, UsageError
+from gauntlet.contract import TransientError, UsageError
 
 __all__ = ["Api", "NotFound", "Conflict", "connect", "call"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from steps._k8s import FIELD_MANAGER, RUN_LABEL
-from steps._k8s.api import APPLY, Api, call
-from steps._k8s.manager import KINDS
+from gauntlet.steps._k8s import FIELD_MANAGER, RUN_LABEL
+from gauntlet.steps._k8s.api import APPLY, Api, call
+from gauntlet.steps._k8s.manager import KINDS
 
 __all__ = ["apply", "apply_all"]
 

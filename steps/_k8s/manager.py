@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from steps._evidence import UsageError
-from steps._k8s import RUN_LABEL
-from steps._k8s.api import Api, NotFound, call
+from gauntlet.contract import UsageError
+from gauntlet.steps._k8s import RUN_LABEL
+from gauntlet.steps._k8s.api import Api, NotFound, call
 
 __all__ = ["NotOurs", "Manager", "PodState", "pod_state", "node_gpu_pods", "KINDS"]
 

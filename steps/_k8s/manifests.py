@@ -3,12 +3,12 @@
 Each object carries ``gauntlet.dev/run=<uid>`` (and component/engine labels), so
 teardown and cleanup can find exactly what this run made. Nothing here talks to
 the API: these dicts are validated offline (kubernetes-validate) and applied by
-:mod:`steps._k8s.apply`.
+:mod:`gauntlet.steps._k8s.apply`.
 
 The engine is one StatefulSet with one replica per node (parallel pod management,
 required anti-affinity, node affinity to the profile's nodes). A StatefulSet has one
 pod template, so the template carries every rank's argv (built by
-:func:`steps.engine_cmd.engine_command`) and the pod picks its own by ordinal: the
+:func:`gauntlet.steps.engine_cmd.engine_command`) and the pod picks its own by ordinal: the
 argvs differ only in node rank (and vLLM's ``--headless`` on workers), the env only
 in the node's NIC.
 """
@@ -18,9 +18,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from params.models import EngineSpec, Profile
-from steps._k8s import COMPONENT_LABEL, ENGINE_LABEL, RUN_LABEL, dns_name
-from steps.engine_cmd import Placement, engine_command, engine_env
+from gauntlet.params.models import EngineSpec, Profile
+from gauntlet.steps._k8s import COMPONENT_LABEL, ENGINE_LABEL, RUN_LABEL, dns_name
+from gauntlet.steps.engine_cmd import Placement, engine_command, engine_env
 
 __all__ = ["DIST_PORT", "PROBE_PORT", "labels", "engine_names", "rank_argvs", "engine_statefulset",
            "headless_service", "client_service", "engine_objects", "endpoint_url", "probe_names", "probe_job",

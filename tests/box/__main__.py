@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from box.controlplane import BoxError, ControlPlane
     from box.kubelet import ProcessKubelet, default_images
     from box.scenarios import GPU_STANDINS, OTHER_NODE, BoxSession
-    from params import load_profile
+    from gauntlet.params import load_profile
 
     if args.profile != "kimi-k3-h20":
         print("box: only the kimi-k3-h20 scenarios are wired up", file=sys.stderr)

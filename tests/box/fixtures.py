@@ -45,7 +45,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 def box_session(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory):
     from box.kubelet import ProcessKubelet, default_images
     from box.scenarios import OTHER_NODE, PROFILE, BoxSession
-    from params import load_profile
+    from gauntlet.params import load_profile
 
     profile = load_profile(PROFILE)
     nodes = [n.name for n in profile.hardware.nodes]

@@ -94,7 +94,7 @@ def now() -> str:
 
 
 # what images/steps/Dockerfile copies into /opt/gauntlet/app
-IMAGE_APP = ("pyproject.toml", "README.md", "workflows", "steps", "params", "images")
+IMAGE_APP = ("pyproject.toml", "README.md", "contract", "workflows", "steps", "params", "images")
 
 
 def image_app_dir(repo: Path = REPO) -> Path:
@@ -106,6 +106,12 @@ def image_app_dir(repo: Path = REPO) -> Path:
         link = d / name
         if not link.is_symlink():
             link.symlink_to(repo / name)
+    # lib/gauntlet/{workflows,steps,params}: the `gauntlet.*` namespace the Dockerfile links for engine images
+    (d / "lib" / "gauntlet").mkdir(parents=True, exist_ok=True)
+    for name in ("contract", "workflows", "steps", "params"):
+        link = d / "lib" / "gauntlet" / name
+        if not link.is_symlink():
+            link.symlink_to(repo / name)
     return d
 
 
@@ -113,7 +119,7 @@ def default_images(bin_dir: str | Path, executor_image: str, repo: Path = REPO) 
     """The box's image table: the executor image → the box's argoexec; the step images (images/engines.yaml)
     → the project's venv with the repo at /opt/gauntlet/app (the step image's WORKDIR); engine images →
     host tools with the venv's python3 (their init containers run `sh`/`test`; the engine is a stand-in)."""
-    from params import load_images
+    from gauntlet.params import load_images
 
     venv_bin = str(repo / ".venv" / "bin")
     argoexec = ImageRun(path=(str(bin_dir), *HOST_PATH))

@@ -1,4 +1,4 @@
-"""`python -m box.scenario_cli step <name> ...`: the local runner's `workflows.cli`, with stand-ins.
+"""`python -m box.scenario_cli step <name> ...`: the local runner's `gauntlet.workflows.cli`, with stand-ins.
 
 The conformance tests run the local back end on the same graph as the box and replay, task by
 task and attempt by attempt, what each step did on the box (exit code and output parameters),
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     run_dir = os.environ.get("GAUNTLET_RUN_DIR")
     out = _opt(argv, "--out")
     if len(argv) < 2 or argv[0] != "step" or not (table_file and run_dir and out):
-        from workflows.cli import main as real
+        from gauntlet.workflows.cli import main as real
         return real(argv)
     path = str(Path(out).resolve().relative_to(Path(run_dir).resolve()))
     table = json.loads(Path(table_file).read_text())
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     (Path(out) / f"argv.{attempt}.json").write_text(json.dumps(argv))
     plays = table.get(path)
     if plays is None:
-        from workflows.cli import main as real
+        from gauntlet.workflows.cli import main as real
         return real(argv)
     return standin.run_step(argv[1], Path(out), plays[min(attempt, len(plays) - 1)])
 

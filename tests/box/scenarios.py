@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from box.build import cache_root
-from params import load_profile, profile_path
-from workflows.graph import build_graph
-from workflows.render import RUN_LABEL, cron_name, render_documents, template_name
+from gauntlet.params import load_profile, profile_path
+from gauntlet.workflows.graph import build_graph
+from gauntlet.workflows.render import RUN_LABEL, cron_name, render_documents, template_name
 
 __all__ = ["Scenario", "Outcome", "SCENARIOS", "PROFILE", "GPU_STANDINS", "BoxSession",
            "run_locally", "replay_table", "OTHER_TEAM"]
@@ -142,8 +142,8 @@ class BoxSession:
 
     # set-up -------------------------------------------------------
     def prepare(self) -> None:
-        from steps.synth import synth_from_profile
-        from steps._marker import write_marker
+        from gauntlet.steps.synth import synth_from_profile
+        from gauntlet.steps._marker import write_marker
 
         box = self.box
         box.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.ns}})
@@ -385,7 +385,7 @@ def replay_table(box: Outcome) -> dict[str, list[dict[str, Any]]]:
 
 def run_locally(sc: Scenario, box: Outcome, workdir: Path) -> Outcome:
     """The local runner on the same graph, each step replaying its box attempts; cleanup plays too."""
-    from workflows.local import Runner
+    from gauntlet.workflows.local import Runner
 
     profile = load_profile(PROFILE)
     graph = build_graph(profile)

@@ -2,7 +2,7 @@
 
 ``standin.py step --step S --out DIR --behaviour JSON``: plays a gate that needs GPUs.
 Like the real step it writes ``DIR/verdict.json`` and ``DIR/outputs/*`` through the
-project's evidence contract (``steps._evidence``, ``steps._runner.write_outputs``), then
+project's evidence contract (``gauntlet.contract``, ``gauntlet.steps.runner.write_outputs``), then
 exits with the behaviour's code. A behaviour is ``{"exit": 75, "status": "error",
 "after_s": 0, "outputs": {...}, "detail": "..."}``; every key is optional (exit 0, the
 status that exit code means, no wait, no extra outputs).
@@ -35,8 +35,8 @@ def _on_sigterm(_sig: int, _frame: object) -> None:
 def run_step(step: str, out: Path, behaviour: dict) -> int:
     """Wait, write the verdict and outputs the behaviour asks for, return its exit code."""
     sys.path.insert(0, str(REPO))
-    from steps._evidence import Check, Verdict, now_iso
-    from steps._runner import write_outputs
+    from gauntlet.contract import Check, Verdict, now_iso
+    from gauntlet.steps.runner import write_outputs
 
     started = now_iso()
     code = int(behaviour.get("exit", 0))

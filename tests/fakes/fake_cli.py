@@ -1,4 +1,4 @@
-"""A stand-in for `python -m workflows.cli` in runner tests: fake gates plus the real cleanup step.
+"""A stand-in for `python -m gauntlet.workflows.cli` in runner tests: fake gates plus the real cleanup step.
 
 Every gate runs under the real evidence contract (steps._runner.run_step). The fake engine
 is tests/fakes/fake_engine.py, started detached and labelled exactly like the local deploy.
@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from steps import _deploy_local, cleanup
-from steps._engine_local import LocalEngine, free_port
-from steps._evidence import Check
-from steps._runner import run_step
+from gauntlet.steps import _deploy_local, cleanup
+from gauntlet.steps._engine_local import LocalEngine, free_port
+from gauntlet.contract import Check
+from gauntlet.steps.runner import run_step
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 

@@ -7,9 +7,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from params import ProfileError, load_profile
-from steps._evidence import (EXIT_TRANSIENT, EXIT_USAGE, Check, TransientError, UsageError, Verdict,
-                             exit_code_for, now_iso)
+from gauntlet.contract import (EXIT_INTERRUPTED, EXIT_TRANSIENT, EXIT_USAGE, Check, GauntletError, UsageError,
+                               Verdict, exit_code_for, exit_code_of, now_iso)
+from gauntlet.params import load_profile
+from gauntlet.steps.options import options_from
 
 __all__ = ["run_step", "write_outputs"]
 
@@ -20,23 +21,30 @@ def run_step(module, args: argparse.Namespace) -> int:
     started = now_iso()
     gate = module.NAME
     try:
+        profile = None
         if getattr(module, "NEEDS_PROFILE", True):
             if not args.profile:
                 raise UsageError(f"step {gate}: --profile is required")
-            args.profile_obj = load_profile(args.profile)
-        out.mkdir(parents=True, exist_ok=True)
-        checks, metrics = module.run(args, out)
-    except (ProfileError, UsageError) as exc:
+            profile = load_profile(args.profile)
+        if hasattr(module, "Options"):          # typed options, built and validated once, before anything runs
+            opts = options_from(module.Options, args, profile)
+            out.mkdir(parents=True, exist_ok=True)
+            checks, metrics = module.run(opts, out)
+        else:                                   # TODO(issue 14): every gate declares Options
+            args.profile_obj = profile
+            out.mkdir(parents=True, exist_ok=True)
+            checks, metrics = module.run(args, out)
+    except GauntletError as exc:
+        code = exit_code_of(exc)
+        if code != EXIT_USAGE:      # bad input writes nothing; anything else leaves an error verdict
+            _write_error(out, gate, started, "transient" if code == EXIT_TRANSIENT else "error",
+                         f"{type(exc).__name__}: {exc}")
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except TransientError as exc:
-        _write_error(out, gate, started, "transient", f"TransientError: {exc}")
-        print(f"TransientError: {exc}", file=sys.stderr)
-        return EXIT_TRANSIENT
+        return code
     except KeyboardInterrupt:
         _write_error(out, gate, started, "interrupted", "interrupted (SIGINT); resources were released")
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # a bug or an unexpected environment: one line, full trace beside the verdict
         line = f"{type(exc).__name__}: {exc}".splitlines()[0]
         _write_error(out, gate, started, "unexpected", line)

@@ -1,15 +1,21 @@
-"""The evidence contract every step follows (DESIGN.md).
+"""The contract every gate and both back ends share (DESIGN.md, "The evidence contract").
 
-A step builds a list of :class:`Check` results, the step runner wraps them in a
-:class:`Verdict` and writes ``<out>/verdict.json``. Exit codes: 0 pass/skip,
-1 failed verdict, 2 bad profile/arguments, 75 transient infrastructure error
-(the only code Argo's retryStrategy retries).
+One public module, imported by the gates (``gauntlet.steps``), the back ends and the CLI
+(``gauntlet.workflows``) and the profile loader (``gauntlet.params``); it imports nothing of theirs.
+
+- A gate builds a list of :class:`Check` results; the step runner wraps them in a :class:`Verdict`
+  and writes ``<out>/verdict.json``.
+- Exit codes: 0 pass/skip, 1 failed verdict (or a crash: never retried), 2 bad profile/arguments,
+  75 transient infrastructure error (the only code Argo's retryStrategy and the local runner retry).
+- Errors: every error the project raises on purpose is a :class:`GauntletError` carrying its exit
+  code; :func:`exit_code_of` is the one map from an exception to an exit code.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, UTC
@@ -20,16 +26,21 @@ __all__ = [
     "Check",
     "Verdict",
     "Status",
+    "STATUSES",
+    "GauntletError",
     "UsageError",
     "TransientError",
     "EXIT_PASS",
     "EXIT_FAIL",
     "EXIT_USAGE",
     "EXIT_TRANSIENT",
+    "EXIT_INTERRUPTED",
     "overall_status",
     "exit_code_for",
+    "exit_code_of",
     "write_json_atomic",
     "now_iso",
+    "param_name",
 ]
 
 Status = Literal["pass", "fail", "skip", "error"]
@@ -41,12 +52,41 @@ EXIT_USAGE = 2
 EXIT_TRANSIENT = 75
 
 
-class UsageError(Exception):
+EXIT_INTERRUPTED = 130
+
+
+class GauntletError(Exception):
+    """The base of every error the project raises on purpose; ``exit_code`` is what the process exits with.
+
+    Printed as one line (``Type: message``), never with a traceback: it names its cause.
+    """
+
+    exit_code: int = EXIT_FAIL
+
+
+class UsageError(GauntletError):
     """Bad profile or arguments: exit 2 with one line, no traceback."""
 
+    exit_code = EXIT_USAGE
 
-class TransientError(Exception):
+
+class TransientError(GauntletError):
     """Infrastructure hiccup worth a retry: exit 75."""
+
+    exit_code = EXIT_TRANSIENT
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The one map from an exception to the process's exit code.
+
+    A :class:`GauntletError` carries its own; an interrupt is 130; anything else is a crash (a bug,
+    or a broken install such as a gate module that does not import): 1, never retried.
+    """
+    if isinstance(exc, GauntletError):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_FAIL
 
 
 def now_iso() -> str:
@@ -138,3 +178,9 @@ def write_json_atomic(path: Path, data: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def param_name(text: str) -> str:
+    """A case or rung name as an output-parameter-safe suffix (``unlock_<name>``): the gate that writes the
+    output and the graph that reads it name it the same way."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)
