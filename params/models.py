@@ -8,6 +8,8 @@ reported as unknown by the gates, never silently passed.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -32,6 +34,10 @@ __all__ = [
 ]
 
 ENGINE_NAMES = ("sglang", "vllm")
+
+
+# the completion marker prewarm writes last; its absence means the cache copy is incomplete
+DEFAULT_MARKER = ".aik8s-complete"
 
 
 class Strict(BaseModel):
@@ -132,7 +138,7 @@ class ModelSpec(Strict):
     source_path: str | None = Field(None, description="CFS copy: only prewarm reads it")
     host_cache_path: str = Field(description="node NVMe cache (hostPath)")
     mount_path: str = Field(description="where the cache is mounted read-only in pods")
-    marker: str = ".aik8s-complete"
+    marker: str = DEFAULT_MARKER
     shards: int | None = None
     weight_bytes: int | None = None
     tokenizer_files: list[str] = ["tokenizer_config.json"]
@@ -329,3 +335,36 @@ class Profile(Strict):
     def engine_order(self) -> list[str]:
         """Baseline first, then experimental engines."""
         return sorted(self.engines, key=lambda n: (self.engines[n].role != "baseline", n))
+
+    # ---- the profile answers for its engines, model directory, marker and results store: one copy each
+
+    def engine_name(self, name: str | None = None) -> str:
+        """``name`` if the profile has that engine, the baseline when None; UsageError (exit 2) otherwise."""
+        if name is None or name == "":
+            return self.baseline_engine
+        if name not in self.engines:
+            from gauntlet.contract import UsageError
+            raise UsageError(f"engine {name!r} is not in profile {self.name} (it has {', '.join(self.engine_order())})")
+        return name
+
+    def engine(self, name: str | None = None) -> EngineSpec:
+        """The engine named ``name`` (the baseline when None): see :meth:`engine_name`."""
+        return self.engines[self.engine_name(name)]  # type: ignore[index]
+
+    def model_dir(self, given: str | Path | None = None) -> Path:
+        """The model directory a gate reads: ``given``, else ``model.mount_path``; a relative path is
+        relative to the current directory (local profiles keep their cache under the checkout)."""
+        return Path(given if given else self.model.mount_path).expanduser()
+
+    @property
+    def marker_name(self) -> str:
+        """The completion marker's file name in the model directory (prewarm writes it last)."""
+        return self.model.marker
+
+    def marker_path(self, model_dir: str | Path | None = None) -> Path:
+        return self.model_dir(model_dir) / self.model.marker
+
+    def results_store(self, given: str | None = None) -> str:
+        """Where rounds are stored: ``given``, else $GAUNTLET_RESULTS_URI (the workflow's ``results-uri``
+        parameter on Argo), else the profile's ``results_uri``."""
+        return given or os.environ.get("GAUNTLET_RESULTS_URI") or self.results_uri

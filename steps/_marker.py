@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from gauntlet.contract import now_iso, write_json_atomic
+from gauntlet.params.models import DEFAULT_MARKER
 from gauntlet.steps._shards import PARTIAL_SUFFIX, walk_entries
 
 __all__ = ["DEFAULT_MARKER", "CHECKSUM_FILES", "CHECKSUM_SUFFIXES", "is_checksum_file", "build_manifest",
            "write_marker", "parse_marker"]
 
-DEFAULT_MARKER = ".aik8s-complete"
 # object-level checksum files a sync tool may leave beside the model; attached as evidence, never recomputed
 CHECKSUM_FILES = (".aik8s-checksums.json", "checksums.json", "MD5SUMS", "SHA256SUMS", "md5sum.txt")
 CHECKSUM_SUFFIXES = (".md5", ".sha256")

@@ -27,11 +27,12 @@ from importlib import metadata
 from pathlib import Path
 
 from gauntlet.contract import UsageError, now_iso, write_json_atomic
+from gauntlet.params.models import DEFAULT_MARKER
 
 __all__ = ["RECIPES", "Recipe", "DEFAULT_CACHE", "MARKER", "model_dir", "is_complete", "prepare"]
 
 DEFAULT_CACHE = Path(".cache/models")   # relative to the cwd: local-cpu's model.mount_path lives here
-MARKER = ".aik8s-complete"
+MARKER = DEFAULT_MARKER    # one copy: gauntlet.params.models
 SHARD_SIZE = "100MB"                    # 135M params in bf16 -> 3 shards, like a multi-shard cluster model
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gauntlet.params.models import Profile
+from gauntlet.params.models import DEFAULT_MARKER, Profile
 from gauntlet.contract import Check, TransientError, UsageError
 from gauntlet.steps._marker import build_manifest, is_checksum_file, parse_marker, write_marker
 from gauntlet.steps._shards import PARTIAL_SUFFIX, read_header, walk_entries
@@ -327,7 +327,7 @@ def _free_bytes(d: Path) -> int:
     return shutil.disk_usage(p).free
 
 
-def prewarm(src_dir: Path, dst_dir: Path, *, marker: str = ".aik8s-complete", streams: int = 4,
+def prewarm(src_dir: Path, dst_dir: Path, *, marker: str = DEFAULT_MARKER, streams: int = 4,
             revision: str | None = None, allow_unmarked_src: bool = False, delete_extras: bool = False,
             reserve_bytes: int = RESERVE_BYTES) -> tuple[list[Check], dict[str, Any]]:
     """The whole copy; returns checks and metrics. The marker is written only when every check passed."""
