@@ -10,17 +10,30 @@ import argparse
 import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from gauntlet.contract import Check, GauntletError
 
-__all__ = ["STEPS", "Step", "GateImportError", "load_step"]
+__all__ = ["STEPS", "Step", "Needs", "GateImportError", "load_step", "needs_of"]
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a gate needs from where it runs; render reads it to build the gate's container (mounts,
+    secret, resources) and the runner to load the profile. Declared once, as the gate's ``NEEDS``."""
+
+    profile: bool = True                                    # the runner loads --profile for it
+    model_cache: Literal["read", "write"] | None = None     # the node's model cache: read-only, or to fill
+    results_secret: bool = False                            # the results store's credentials (env)
+    size: Literal["small", "large"] = "small"               # large: 2 CPUs, up to 16Gi (reads whole models)
+    node_gpus: bool = False                                 # every GPU of its node (Gate 1's probe)
 
 
 class Step(Protocol):
     NAME: str
     HELP: str
-    NEEDS_PROFILE: bool
+    NEEDS: Needs
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
@@ -62,3 +75,9 @@ def load_step(name: str) -> ModuleType:
     except ImportError as exc:
         raise GateImportError(f"gate {name}: its module {STEPS[name]} does not import "
                               f"({type(exc).__name__}: {exc})") from exc
+
+
+def needs_of(module: ModuleType | str) -> Needs:
+    """A gate's :class:`Needs` (a gate that declares none needs a profile and nothing else)."""
+    mod = load_step(module) if isinstance(module, str) else module
+    return getattr(mod, "NEEDS", Needs())

@@ -29,12 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.contract import EXIT_FAIL, EXIT_PASS, EXIT_TRANSIENT, Check, Verdict
 
 NAME = "cleanup"
 HELP = "exit handler: keep logs, stop/delete everything this run created (always runs, never refuses)"
 # The step loads the profile itself: a profile that does not load must not stop the release.
-NEEDS_PROFILE = False
+NEEDS = Needs(profile=False, results_secret=True)
 WORKFLOW_PHASES = ("Succeeded", "Failed", "Error")
 
 __all__ = ["parse_failures", "parse_status", "go_unquote", "run", "exit_code"]

@@ -13,11 +13,12 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.contract import Check, UsageError
 
 NAME = "deploy"
 HELP = "Gate 2: deploy the engine (local subprocess or Kubernetes StatefulSet) and wait for readiness"
-NEEDS_PROFILE = True
+NEEDS = Needs()
 BACKENDS = {"local": "gauntlet.steps._deploy_local", "kubernetes": "gauntlet.steps._deploy_k8s"}
 
 

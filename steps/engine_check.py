@@ -21,16 +21,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.params.models import Profile
 from gauntlet.contract import Check, UsageError
 from gauntlet.steps.engine_cmd import Placement, apply_change, engine_command
 
-__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "ADAPTERS", "VllmAdapter", "SglangAdapter",
+__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "ADAPTERS", "VllmAdapter", "SglangAdapter",
            "planned_argvs", "collect", "judge"]
 
 NAME = "engine-check"
 HELP = "Gate 0: the engine image registers the architecture and its own parser accepts every planned flag"
-NEEDS_PROFILE = True
+NEEDS = Needs(model_cache="read")
 LEADER = "10.0.0.1:20000"     # placeholder rendezvous address: ranks share it, only its syntax is judged
 
 

@@ -33,6 +33,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.params.models import EngineArgs, EngineSpec, Profile, Variant
 from gauntlet.contract import Check, UsageError, write_json_atomic
 from gauntlet.steps.engine_cmd import apply_change
@@ -40,7 +41,7 @@ from gauntlet.steps.perf import bench_options, case_checks, case_table, run_matr
 
 NAME = "experiment"
 HELP = "Gate 6: deploy one variant (baseline + one change), re-run the Gate 4 cases, compare, tear down"
-NEEDS_PROFILE = True
+NEEDS = Needs(model_cache="read", results_secret=True)
 
 __all__ = ["args_diff", "one_change_problems", "compare", "verdict", "baseline_cases", "run", "NOISE_FLOOR",
            "phase_plan", "phase_verdicts", "decision", "EXPECTATION"]

@@ -25,11 +25,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.contract import EXIT_FAIL, EXIT_PASS, EXIT_TRANSIENT, Check, UsageError, Verdict
 
 NAME = "janitor"
 HELP = "release the objects (or local engines) of runs whose workflow is gone or long finished"
-NEEDS_PROFILE = False
+NEEDS = Needs(profile=False)
 FINISHED = ("Succeeded", "Failed", "Error")
 
 __all__ = ["judge_run", "parse_duration", "RunState", "run", "exit_code"]

@@ -40,13 +40,14 @@ from typing import Any
 
 import httpx
 
+from gauntlet.steps import Needs
 from gauntlet.params.models import EngineSpec, Profile, Rung
 from gauntlet.steps._answers import sanity_problems
 from gauntlet.contract import Check, TransientError, UsageError, write_json_atomic
 
 NAME = "longctx"
 HELP = "Gate 5: long-context ladder (needle in a haystack at several depths), stop at the first failure"
-NEEDS_PROFILE = True
+NEEDS = Needs()
 
 __all__ = ["RungResult", "build_haystack", "judge_answer", "rung_outcome", "judge_rung", "blocked_reason",
            "run_ladder", "run"]

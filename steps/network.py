@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.params import load_images
 from gauntlet.params.models import NetworkSpec, Profile
 from gauntlet.steps import _nccl_probe
@@ -27,10 +28,10 @@ from gauntlet.steps.engine_cmd import engine_env
 
 NAME = "network"
 HELP = "Gate 1 network: NCCL all-reduce/all-to-all probe in the engine image (intra-node, then across nodes)"
-NEEDS_PROFILE = True
+NEEDS = Needs()
 POLL_S = 5.0
 
-__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "judge_phase", "probe_env"]
+__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "judge_phase", "probe_env"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

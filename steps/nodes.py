@@ -15,15 +15,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.params.models import Profile
 from gauntlet.steps import _gpu, _sysfs
 from gauntlet.contract import Check, UsageError, write_json_atomic
 
 NAME = "nodes"
 HELP = "Gate 1 per node: GPU inventory and health probe, NICs/RDMA, NVMe model cache, no foreign GPU pods"
-NEEDS_PROFILE = True
+NEEDS = Needs(model_cache="read", node_gpus=True)
 
-__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "judge_foreign_pods", "judge_node", "compare_nodes"]
+__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "judge_foreign_pods", "judge_node", "compare_nodes"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

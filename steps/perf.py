@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.params.models import BenchCase, EngineSpec, Profile
 from gauntlet.steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, parse_result, preload_client,
                           run_client)
@@ -32,7 +33,7 @@ from gauntlet.steps._stats import Stability, client_bound, cold_start, round_val
 
 NAME = "perf"
 HELP = "Gate 4: benchmark matrix (vllm bench serve), warmup + rounds, median and spread, results store"
-NEEDS_PROFILE = True
+NEEDS = Needs(model_cache="read", results_secret=True)
 
 __all__ = ["CaseResult", "measure_case", "case_table", "unlocks", "bench_options", "run", "TABLE_METRICS"]
 

@@ -20,6 +20,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.params.models import ModelSpec, Profile
 from gauntlet.steps._config_checks import config_checks
 from gauntlet.contract import Check, UsageError, write_json_atomic
@@ -28,11 +29,11 @@ from gauntlet.steps._marker import CHECKSUM_FILES, CHECKSUM_SUFFIXES, is_checksu
 from gauntlet.steps._model_checks import INDEX_NAME, layout_checks
 from gauntlet.steps._shards import PARTIAL_SUFFIX, index_path_problem, read_header, resolve_inside, walk_entries
 
-__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "gather", "judge", "resolve_model_path"]
+__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "gather", "judge", "resolve_model_path"]
 
 NAME = "preflight"
 HELP = "Gate 0: model directory integrity (config, index, shard headers, tokenizer, marker) and fingerprint"
-NEEDS_PROFILE = True
+NEEDS = Needs(model_cache="read", size="large")
 
 SMALL_FILE_LIMIT = 512 << 20   # config/tokenizer files; anything bigger is not one
 HF_METADATA = ".cache/huggingface/download/config.json.metadata"   # `hf download --local-dir`: commit on line 1

@@ -13,14 +13,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.contract import Check, UsageError
 from gauntlet.steps._fingerprint import extract_fingerprint, fingerprint_diff
 
-__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "read_input", "compare"]
+__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "read_input", "compare"]
 
 NAME = "preflight-compare"
 HELP = "Gate 0 join: fail unless every node's preflight fingerprint is the same"
-NEEDS_PROFILE = True
+NEEDS = Needs()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

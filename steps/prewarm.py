@@ -31,17 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.params.models import DEFAULT_MARKER, Profile
 from gauntlet.contract import Check, TransientError, UsageError
 from gauntlet.steps._marker import build_manifest, is_checksum_file, parse_marker, write_marker
 from gauntlet.steps._shards import PARTIAL_SUFFIX, read_header, walk_entries
 
-__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "write_marker", "plan_copy", "CopyItem",
+__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "write_marker", "plan_copy", "CopyItem",
            "prewarm"]
 
 NAME = "prewarm"
 HELP = "copy the model from CFS to the node's NVMe cache (parallel, resumable, verified; marker last)"
-NEEDS_PROFILE = True
+NEEDS = Needs(model_cache="write", size="large")
 
 INDEX = "model.safetensors.index.json"
 HASH_LIMIT = 64 << 20        # small files are compared by content; bigger non-shard files by size

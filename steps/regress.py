@@ -34,12 +34,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.contract import Check, write_json_atomic
 from gauntlet.steps._stats import mad, median
 
 NAME = "regress"
 HELP = "Nightly: label each case metric ok / regressed / improved / insufficient history against the store"
-NEEDS_PROFILE = True
+NEEDS = Needs(results_secret=True, size="large")
 
 __all__ = ["Rule", "Label", "METRICS", "judge_metric", "judge", "nightly_medians", "run", "DEFAULT_RULE",
            "suspect_cases", "FAILING", "PASSING", "origin", "PROVENANCE"]

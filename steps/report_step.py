@@ -14,11 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.contract import Check
 
 NAME = "report"
 HELP = "Write report.md and plots for the run directory"
-NEEDS_PROFILE = True
+NEEDS = Needs(results_secret=True, size="large")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from gauntlet.contract import (EXIT_INTERRUPTED, EXIT_TRANSIENT, EXIT_USAGE, Check, GauntletError, UsageError,
                                Verdict, exit_code_for, exit_code_of, now_iso)
 from gauntlet.params import load_profile
+from gauntlet.steps import needs_of
 from gauntlet.steps.options import options_from
 
 __all__ = ["run_step", "write_outputs"]
@@ -22,7 +23,7 @@ def run_step(module, args: argparse.Namespace) -> int:
     gate = module.NAME
     try:
         profile = None
-        if getattr(module, "NEEDS_PROFILE", True):
+        if needs_of(module).profile:
             if not args.profile:
                 raise UsageError(f"step {gate}: --profile is required")
             profile = load_profile(args.profile)

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from gauntlet.steps import Needs
 from gauntlet.params.models import Profile
 from gauntlet.steps._answers import judge_number, mentions, sanity_problems
 from gauntlet.steps._engine_replies import rules_for
@@ -52,9 +53,9 @@ from gauntlet.steps._sse import parse_sse
 
 NAME = "smoke"
 HELP = "Gate 3: content-correctness smoke (models, arithmetic, reasoning, tools, streaming, images, errors)"
-NEEDS_PROFILE = True
+NEEDS = Needs()
 
-__all__ = ["NAME", "HELP", "NEEDS_PROFILE", "add_arguments", "run", "run_checks", "Client", "CHECKS",
+__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "run_checks", "Client", "CHECKS",
            "WEATHER_TOOL", "normalize_endpoint"]
 
 WEATHER_SCHEMA: dict[str, Any] = {

@@ -6,12 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gauntlet.steps import Needs
 from gauntlet.contract import Check
 from gauntlet.steps.deploy import backend_module
 
 NAME = "teardown"
 HELP = "stop the engine this run deployed (scale to 0 / stop the process group) and wait until freed"
-NEEDS_PROFILE = True
+NEEDS = Needs()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

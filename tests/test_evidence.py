@@ -8,12 +8,13 @@ import types
 
 import pytest
 
+from gauntlet.steps import Needs
 from gauntlet.contract import Check, TransientError, UsageError, Verdict, overall_status
 from gauntlet.steps.runner import run_step
 
 
 def _module(fn):
-    return types.SimpleNamespace(NAME="demo", HELP="", NEEDS_PROFILE=False, run=fn)
+    return types.SimpleNamespace(NAME="demo", HELP="", NEEDS=Needs(profile=False), run=fn)
 
 
 def _args(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gauntlet.contract import GauntletError, UsageError, exit_code_of
 from gauntlet.params import load_profile
-from gauntlet.steps import STEPS, GateImportError, load_step
+from gauntlet.steps import STEPS, GateImportError, load_step, needs_of
 from gauntlet.steps.options import add_options
 
 __all__ = ["main", "build_parser"]
@@ -94,7 +94,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             ssub.add_parser(name, help="(its module does not import: run `gauntlet step " + name + "` to see why)")
             continue
         sp = ssub.add_parser(name, help=mod.HELP, description=mod.HELP)
-        if getattr(mod, "NEEDS_PROFILE", True):
+        if needs_of(mod).profile:
             _add_profile(sp, required=False)
         sp.add_argument("--out", default=f"evidence/{name}", help="evidence directory (default: evidence/<gate>)")
         if hasattr(mod, "Options"):

@@ -30,6 +30,7 @@ from hera.workflows import (DAG, Artifact, Container, CronWorkflow, Parameter, R
                             WorkflowTemplate)
 from hera.workflows import models as m
 
+from gauntlet.steps import needs_of
 from gauntlet.params import load_images
 from gauntlet.params.loader import ImageRef
 from gauntlet.params.models import Profile
@@ -125,23 +126,25 @@ def _mounts(profile: Profile, task: GTask) -> list[m.VolumeMount]:
     mdl = profile.model
     mounts = [m.VolumeMount(name="runs", mount_path="/runs"),
               m.VolumeMount(name="profile", mount_path=PROFILE_DIR, read_only=True)]
-    if task.step in ("preflight", "nodes", "engine-check", "perf", "experiment"):
+    needs = needs_of(task.step)
+    if needs.model_cache == "read":
         mounts.append(m.VolumeMount(name="model-cache", mount_path=mdl.mount_path, read_only=True))
-    if task.step == "prewarm":
+    if needs.model_cache == "write":
         mounts.append(m.VolumeMount(name="model-cache-rw", mount_path=mdl.host_cache_path))
         if mdl.source_path:
             mounts.append(m.VolumeMount(name="model-source", mount_path=mdl.source_path, read_only=True))
     return mounts
 
 
-def _resources(task: GTask) -> m.ResourceRequirements:
+def _resources(profile: Profile, task: GTask) -> m.ResourceRequirements:
     req: dict[str, Any] = {"cpu": "1", "memory": "2Gi"}
     lim: dict[str, Any] = {"memory": "8Gi"}
-    if task.step in ("preflight", "prewarm", "report", "regress"):
+    if needs_of(task.step).size == "large":
         req, lim = {"cpu": "2", "memory": "2Gi"}, {"memory": "16Gi"}
-    if task.gpus:
-        req = {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": str(task.gpus)}
-        lim = {"memory": "256Gi", "nvidia.com/gpu": str(task.gpus)}
+    if needs_of(task.step).node_gpus:
+        gpus = str(profile.hardware.gpus_per_node)
+        req = {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": gpus}
+        lim = {"memory": "256Gi", "nvidia.com/gpu": gpus}
     return m.ResourceRequirements(requests={k: m.Quantity(v) for k, v in req.items()},
                                   limits={k: m.Quantity(v) for k, v in lim.items()})
 
@@ -188,7 +191,7 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
         outputs.append(Artifact(name="evidence", path=_localize(out, {}), optional=True))
     env = _env()
     env_from = None
-    if task.step in ("perf", "experiment", "regress", "report", "cleanup"):
+    if needs_of(task.step).results_secret:
         # results-store credentials (e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_ENDPOINT_URL)
         env_from = [m.EnvFromSource(secret_ref=m.SecretEnvSource(name="gauntlet-results", optional=True))]
     init = None
@@ -216,7 +219,7 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
         inputs=[Parameter(name=k) for k in sorted(inputs)],
         outputs=outputs,
         volume_mounts=mounts,
-        resources=_resources(task),
+        resources=_resources(profile, task),
         retry_strategy=_retry(),
         node_selector={"kubernetes.io/hostname": task.node} if task.node else None,
         init_containers=init,

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from gauntlet.steps import Needs
 from gauntlet.steps import _deploy_local, cleanup
 from gauntlet.steps._engine_local import LocalEngine, free_port
 from gauntlet.contract import Check
@@ -20,7 +21,7 @@ FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 
 
 class Fake:
-    NEEDS_PROFILE = False
+    NEEDS = Needs(profile=False)
     HELP = "fake"
 
     def __init__(self, name, body):
