@@ -103,7 +103,7 @@ def cleanup(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str,
     err = ApiErrors()
     base = {"namespace": ns, "actions": [], "saved_logs": [], "objects": {},
             "workflow_status": getattr(args, "workflow_status", None)}
-    run_id = err.guard("run id", run_id_from, args)
+    run_id = err.guard("run id", run_id_from, getattr(args, "run_id", None))
     api = err.guard("Kubernetes API", connect) if run_id else None
     if api is None:
         detail = "; ".join(err.items)

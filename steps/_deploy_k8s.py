@@ -17,18 +17,21 @@ $GAUNTLET_READY_URL replaces the client Service URL for the readiness requests o
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gauntlet.contract import Check, write_json_atomic
 from gauntlet.params import load_images
-from gauntlet.params.models import EngineSpec, Profile
-from gauntlet.contract import Check, UsageError, write_json_atomic
-from gauntlet.steps.engine_cmd import apply_change, args_hash
+from gauntlet.params.models import Profile
+from gauntlet.steps.engine_cmd import args_hash
+
+if TYPE_CHECKING:
+    from gauntlet.steps import deploy as deploy_gate
+    from gauntlet.steps import teardown as teardown_gate
 
 __all__ = ["deploy", "teardown", "ReadyOutcome", "wait_ready", "memory_lines", "POLL_S", "TEARDOWN_TIMEOUT_S"]
 
@@ -56,17 +59,6 @@ class ReadyOutcome:
 
 def _namespace(profile: Profile) -> str:
     return os.environ.get("GAUNTLET_NAMESPACE") or profile.namespace
-
-
-def _spec_for(profile: Profile, engine: str, variant: str | None) -> EngineSpec:
-    spec = profile.engines[engine]
-    if variant is None:
-        return spec
-    v = next((x for x in profile.experiments if x.name == variant), None)
-    if v is None:
-        raise UsageError(f"--variant {variant}: not in profile {profile.name} "
-                         f"(has {', '.join(x.name for x in profile.experiments) or 'none'})")
-    return apply_change(spec, v.change)
 
 
 def wait_ready(mgr: Any, selector: str, replicas: int, url: str, served_name: str, timeout_s: float,
@@ -132,17 +124,17 @@ def _save_logs(mgr: Any, selector: str, out: Path) -> dict[str, dict[str, Any]]:
     return ranks
 
 
-def deploy(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+def deploy(opts: deploy_gate.Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     from gauntlet.steps._k8s import ENGINE_LABEL, RUN_LABEL, run_id_from
     from gauntlet.steps._k8s import manifests as M
     from gauntlet.steps._k8s.api import connect
     from gauntlet.steps._k8s.apply import apply
     from gauntlet.steps._k8s.manager import Manager, NotOurs
 
-    profile: Profile = args.profile_obj
-    engine, variant = args.engine, getattr(args, "variant", None)
-    spec = _spec_for(profile, engine, variant)
-    run_id = run_id_from(args)
+    profile = opts.the_profile
+    engine, variant = opts.engine, opts.variant or None
+    spec = opts.engine_spec()
+    run_id = run_id_from(opts.run_id)
     ns = _namespace(profile)
     image = load_images()[spec.image]
     objs = M.engine_objects(profile, engine, run_id, image.ref, spec, variant)
@@ -201,14 +193,14 @@ def deploy(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, 
     return checks, metrics
 
 
-def teardown(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+def teardown(opts: teardown_gate.Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     from gauntlet.steps._k8s import ENGINE_LABEL, run_id_from
     from gauntlet.steps._k8s.api import connect
     from gauntlet.steps._k8s.manager import Manager
 
-    profile: Profile = args.profile_obj
-    engine = args.engine
-    run_id = run_id_from(args)
+    profile = opts.the_profile
+    engine = opts.engine
+    run_id = run_id_from(opts.run_id)
     mgr = Manager(connect(), _namespace(profile), run_id)
     selector = f"gauntlet.dev/component=engine,{ENGINE_LABEL}={engine}"
     sets = mgr.list("StatefulSet", selector)

@@ -18,22 +18,26 @@ the port fails the gate.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gauntlet.params.models import EngineSpec, Profile
+from gauntlet.params.models import Profile
 from gauntlet.steps._engine_local import (EngineDied, EngineError, EngineTimeout, LocalEngine, group_members, kill_group,
                                  log_tail, port_open, sigterm_as_interrupt)
 from gauntlet.contract import Check, UsageError, now_iso, write_json_atomic
-from gauntlet.steps.engine_cmd import apply_change, engine_command, engine_env
+from gauntlet.steps.engine_cmd import engine_command, engine_env
 
-__all__ = ["deploy", "teardown", "stop_all", "run_dir_of", "state_path", "find_labelled", "LABEL_DIR", "LABEL_PORT"]
+if TYPE_CHECKING:
+    from gauntlet.steps import deploy as deploy_gate
+    from gauntlet.steps import teardown as teardown_gate
+
+__all__ = ["deploy", "teardown", "cleanup", "stop_all", "run_dir_of", "state_path", "find_labelled", "LABEL_DIR",
+           "LABEL_PORT"]
 
 LABEL_DIR = "GAUNTLET_ENGINE_DIR"
 LABEL_PORT = "GAUNTLET_ENGINE_PORT"
@@ -41,8 +45,8 @@ HOST = "127.0.0.1"
 GRACE_S = 15.0
 
 
-def run_dir_of(args: argparse.Namespace, out: Path) -> Path:
-    given = getattr(args, "run_dir", None)
+def run_dir_of(out: Path, given: str | Path | None = None) -> Path:
+    """The run directory: ``given``, else the parent of the gate's ``--out`` (the engine sequence's directory)."""
     return (Path(given) if given else Path(out).parent).resolve()
 
 
@@ -50,23 +54,8 @@ def state_path(run_dir: Path, engine: str) -> Path:
     return run_dir / ".engines" / f"{engine}.json"
 
 
-def _spec(args: argparse.Namespace, profile: Profile) -> tuple[EngineSpec, str | None]:
-    spec = profile.engines[args.engine]
-    name = getattr(args, "variant", None)
-    if not name:
-        return spec, None
-    variant = next((v for v in profile.experiments if v.name == name), None)
-    if variant is None:
-        raise UsageError(f"--variant {name}: not in profile {profile.name} "
-                         f"(has {', '.join(v.name for v in profile.experiments) or 'none'})")
-    try:
-        return apply_change(spec, variant.change), name
-    except ValueError as exc:
-        raise UsageError(f"--variant {name}: {str(exc).splitlines()[0]}") from None
-
-
 def _model_path(profile: Profile) -> Path:
-    p = Path(profile.model.mount_path)
+    p = profile.model_dir()
     return p if p.is_absolute() else (Path.cwd() / p).resolve()
 
 
@@ -108,17 +97,17 @@ def _owned(pgid: int, run_dir: Path) -> bool:
 
 # ------------------------------------------------------------------ deploy
 
-def deploy(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    profile: Profile = args.profile_obj
-    spec, variant = _spec(args, profile)
-    run_dir = run_dir_of(args, out)
+def deploy(opts: deploy_gate.Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile = opts.the_profile
+    spec, variant = opts.engine_spec(), opts.variant or None
+    run_dir = run_dir_of(out)
     model = _model_path(profile)
-    argv = engine_command(args.engine, spec, model_path=str(model), served_name=profile.model.served_name,
+    argv = engine_command(opts.engine, spec, model_path=str(model), served_name=profile.model.served_name,
                           python=sys.executable, host=HOST)
-    env = {**engine_env(args.engine, spec), LABEL_DIR: str(run_dir), LABEL_PORT: str(spec.port)}
+    env = {**engine_env(opts.engine, spec), LABEL_DIR: str(run_dir), LABEL_PORT: str(spec.port)}
     log = Path(out).resolve() / "engine.log"
     metrics: dict[str, Any] = {
-        "engine": args.engine, "variant": variant, "backend": "local", "command": argv,
+        "engine": opts.engine, "variant": variant, "backend": "local", "command": argv,
         "command_line": shlex.join(argv), "env": env, "env_note": "added to the deploying process's environment",
         "engine_args": spec.args.model_dump(), "port": spec.port, "model_path": str(model), "log": str(log),
         "run_dir": str(run_dir), "startup_timeout_s": spec.startup_timeout_s,
@@ -136,16 +125,16 @@ def deploy(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, 
     if port_open(HOST, spec.port):
         checks.append(Check("port-free", "fail", f"{HOST}:{spec.port} free", "in use",
                             f"port {spec.port} is held by a process this run did not start; stop it or change "
-                            f"engines.{args.engine}.port"))
+                            f"engines.{opts.engine}.port"))
         return checks, metrics
 
     engine = LocalEngine(argv, port=spec.port, served_name=profile.model.served_name, log_path=log, env=env,
                          host=HOST, startup_timeout_s=spec.startup_timeout_s, grace_s=GRACE_S)
-    state = state_path(run_dir, args.engine)
+    state = state_path(run_dir, opts.engine)
     with sigterm_as_interrupt():
         try:
             engine.start()
-            _write_state(state, engine, args.engine, variant, started=now_iso())
+            _write_state(state, engine, opts.engine, variant, started=now_iso())
             startup = engine.wait_ready()
         except EngineError as exc:
             engine.stop()
@@ -156,7 +145,7 @@ def deploy(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, 
             engine.stop()
             state.unlink(missing_ok=True)
             raise
-    _write_state(state, engine, args.engine, variant, started=None, ready=now_iso())
+    _write_state(state, engine, opts.engine, variant, started=None, ready=now_iso())
     metrics.update(_sizes(engine), pid=engine.pid, pgid=engine.pgid, state_file=str(state),
                    outputs={"endpoint": engine.base_url})
     checks.append(Check("engine-ready", "pass", f"/health 200 and /v1/models lists {profile.model.served_name!r} "
@@ -210,11 +199,11 @@ def _replace_sequence_engines(run_dir: Path, port: int) -> list[int]:
 
 # ------------------------------------------------------------------ teardown / stop_all
 
-def teardown(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    run_dir = run_dir_of(args, out)
-    state = state_path(run_dir, args.engine)
+def teardown(opts: teardown_gate.Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    run_dir = run_dir_of(out)
+    state = state_path(run_dir, opts.engine)
     record = json.loads(state.read_text()) if state.is_file() else None
-    metrics: dict[str, Any] = {"engine": args.engine, "backend": "local", "run_dir": str(run_dir),
+    metrics: dict[str, Any] = {"engine": opts.engine, "backend": "local", "run_dir": str(run_dir),
                                "state": record}
     targets = {pgid: lab for pgid, lab in find_labelled(run_dir).items() if lab["dir"] == str(run_dir)}
     if record and group_members(record["pgid"]) and _owned(record["pgid"], run_dir):
@@ -276,3 +265,31 @@ def stop_all(run_dir: Path) -> list[dict[str, Any]]:
         pids = kill_group(pgid, GRACE_S)
         stopped.append({**info, "pids": pids})
     return stopped
+
+
+# ------------------------------------------------------------------ cleanup: the exit handler's release
+
+def cleanup(run_dir: Path) -> tuple[list[Check], dict[str, Any]]:
+    """Stop every engine of the run under ``run_dir`` and confirm none is left; never raises."""
+    run_dir = Path(run_dir).resolve()
+    t0 = time.monotonic()
+    errors: list[str] = []
+    stopped: list[dict[str, Any]] = []
+    try:
+        stopped = stop_all(run_dir)
+    except Exception as exc:  # noqa: BLE001 - recorded; what is left is judged below
+        errors.append(f"stop_all({run_dir}): {type(exc).__name__}: {exc}")
+    try:
+        left = sorted(find_labelled(run_dir)) if run_dir != Path(run_dir.anchor) else []
+    except OSError as exc:
+        errors.append(f"listing labelled processes: {exc}")
+        left = []
+    metrics = {"backend": "local", "run_dir": str(run_dir), "stopped": stopped,
+               "held": [f"pgid {p}" for p in left], "transient": False,
+               "seconds": round(time.monotonic() - t0, 2)}
+    what = (", ".join(f"pgid {s['pgid']} (port {s['port']}, {len(s['pids'])} processes) -> 0 running"
+                      for s in stopped) or "no engine of this run was still running")
+    checks = [Check("engines-stopped", "pass" if not left else "fail", "no engine process of the run left",
+                    left, f"stopped: {what}" if not left else f"still running after SIGKILL: process groups {left}")]
+    checks += [Check("release-error", "fail", "no error while releasing", e, e) for e in errors]
+    return checks, metrics

@@ -1,41 +1,68 @@
 """Gate 2: deploy one engine and wait until it really answers.
 
 The back end comes from the profile (``hardware.kind``) unless ``--backend``
-says otherwise: ``local`` starts a subprocess (steps/_deploy_local.py),
-``kubernetes`` server-side-applies a StatefulSet (steps/_deploy_k8s.py).
-Either writes ``outputs/endpoint`` for the later gates.
+says otherwise (:func:`gauntlet.steps.backends.backend_for`): ``local`` starts a
+subprocess (steps/_deploy_local.py), ``kubernetes`` server-side-applies a
+StatefulSet (steps/_deploy_k8s.py). Either writes ``outputs/endpoint`` for the
+later gates. Another gate that deploys (Gate 6) builds :class:`Options` and calls
+:func:`run`.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gauntlet.steps import Needs
 from gauntlet.contract import Check, UsageError
+from gauntlet.params.models import EngineSpec
+from gauntlet.steps import Needs
+from gauntlet.steps.backends import BACKENDS, backend_for
+from gauntlet.steps.engine_cmd import apply_change
+from gauntlet.steps.options import GateOptions, option
+
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "engine_option"]
 
 NAME = "deploy"
 HELP = "Gate 2: deploy the engine (local subprocess or Kubernetes StatefulSet) and wait for readiness"
 NEEDS = Needs()
-BACKENDS = {"local": "gauntlet.steps._deploy_local", "kubernetes": "gauntlet.steps._deploy_k8s"}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True, help="engine name from the profile (sglang, vllm)")
-    p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
-                   help="default: the profile's hardware.kind")
-    p.add_argument("--run-id", default=None, help="run id / workflow uid (labels what this run creates)")
-    p.add_argument("--variant", default=None, help="Gate 6 variant to deploy instead of the baseline args")
+def engine_option(opts: GateOptions, name: str | None, flag: str = "--engine") -> str:
+    """The profile's rule for an engine name (:meth:`Profile.engine_name`), its error naming the flag."""
+    try:
+        return opts.the_profile.engine_name(name)
+    except UsageError as exc:
+        raise UsageError(f"{flag} {name}: {exc}") from None
 
 
-def backend_module(args: argparse.Namespace):
-    profile = args.profile_obj
-    if args.engine not in profile.engines:
-        raise UsageError(f"--engine {args.engine}: not in profile {profile.name} (has {', '.join(profile.engines)})")
-    return importlib.import_module(BACKENDS[args.backend or profile.hardware.kind])
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    engine: str = option(help="engine name from the profile (sglang, vllm)")
+    backend: str | None = option(None, choices=tuple(sorted(BACKENDS)), help="default: the profile's hardware.kind")
+    run_id: str | None = option(None, help="run id / workflow uid (labels what this run creates)")
+    variant: str | None = option(None, help="Gate 6 variant to deploy instead of the baseline args")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        engine_option(self, self.engine)
+        self.engine_spec()
+
+    def engine_spec(self) -> EngineSpec:
+        """The engine's spec, with ``--variant``'s one change applied; UsageError naming the flag otherwise."""
+        profile = self.the_profile
+        spec = profile.engines[self.engine]
+        if not self.variant:
+            return spec
+        v = next((x for x in profile.experiments if x.name == self.variant), None)
+        if v is None:
+            raise UsageError(f"--variant {self.variant}: not in profile {profile.name} "
+                             f"(has {', '.join(x.name for x in profile.experiments) or 'none'})")
+        try:
+            return apply_change(spec, v.change)
+        except ValueError as exc:
+            raise UsageError(f"--variant {self.variant}: {str(exc).splitlines()[0]}") from None
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    return backend_module(args).deploy(args, out)
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    return backend_for(opts.the_profile, opts.backend).deploy(opts, out)

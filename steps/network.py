@@ -131,7 +131,7 @@ def _run_kubernetes(profile: Profile, engine: str, env: dict[str, str], args: ar
     from gauntlet.steps._k8s.apply import apply
     from gauntlet.steps._k8s.manager import Manager, pod_state
 
-    run_id = run_id_from(args)
+    run_id = run_id_from(args.run_id)
     api = connect()
     ns = os.environ.get("GAUNTLET_NAMESPACE") or profile.namespace
     mgr = Manager(api, ns, run_id)

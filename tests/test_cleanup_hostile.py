@@ -20,7 +20,7 @@ import pytest
 from k8s_double import FakeEngine, K8sDouble
 
 from gauntlet.params import load_images, load_profile
-from gauntlet.steps import _cleanup_k8s, _deploy_k8s, cleanup
+from gauntlet.steps import _cleanup_k8s, _deploy_k8s, cleanup, deploy
 from gauntlet.steps._deploy_local import LABEL_DIR, find_labelled
 from gauntlet.steps._k8s import manifests as M
 from gauntlet.steps.runner import run_step
@@ -165,7 +165,7 @@ def cluster(monkeypatch, tmp_path):
         monkeypatch.setattr(_cleanup_k8s, "POLL_S", 0.02)
         monkeypatch.setattr(_cleanup_k8s, "WAIT_S", 1)
         for engine in ("sglang", "vllm"):
-            a = argparse.Namespace(profile_obj=KIMI, engine=engine, variant=None, run_id=UID)
+            a = deploy.Options(profile=KIMI, engine=engine, run_id=UID)
             _deploy_k8s.deploy(a, tmp_path / f"deploy-{engine}")
         foreign = M.engine_objects(KIMI, "vllm", "0badc0de-0000-1111-2222-333344445555", load_images()["vllm"].ref)
         for o in foreign:

@@ -186,13 +186,11 @@ def test_unknown_variant_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_variant_spec_changes_one_flag() -> None:
-    import argparse
-
     from gauntlet.params import load_profile
-    from gauntlet.steps._deploy_local import _spec
+    from gauntlet.steps import deploy
     prof = load_profile("local-cpu")
-    spec, name = _spec(argparse.Namespace(engine="vllm", variant="prefix-cache"), prof)
-    assert name == "prefix-cache" and spec.args.prefix_cache is True
+    spec = deploy.Options(profile=prof, engine="vllm", variant="prefix-cache").engine_spec()
+    assert spec.args.prefix_cache is True
     assert spec.args.model_dump(exclude={"prefix_cache"}) == prof.engines["vllm"].args.model_dump(
         exclude={"prefix_cache"})
 
@@ -202,3 +200,16 @@ def test_teardown_with_nothing_running_passes(tmp_path: Path) -> None:
     r = step("teardown", "--profile", "local-cpu", "--out", str(out), "--engine", "vllm", timeout=120)
     v = verdict(out)
     assert r.returncode == 0 and v["checks"][0]["detail"] == "no engine of this run was running"
+
+
+def test_options_refuse_an_unknown_engine_or_variant_up_front() -> None:
+    from gauntlet.contract import UsageError
+    from gauntlet.params import load_profile
+    from gauntlet.steps import deploy, teardown
+    prof = load_profile("local-cpu")
+    with pytest.raises(UsageError, match=r"^--engine trtllm: .*not in profile local-cpu"):
+        deploy.Options(profile=prof, engine="trtllm")
+    with pytest.raises(UsageError, match=r"^--variant nope: not in profile local-cpu \(has prefix-cache\)"):
+        deploy.Options(profile=prof, engine="vllm", variant="nope")
+    with pytest.raises(UsageError, match=r"^--engine trtllm"):
+        teardown.Options(profile=prof, engine="trtllm")

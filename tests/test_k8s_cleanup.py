@@ -10,7 +10,7 @@ import pytest
 from k8s_double import FakeEngine, K8sDouble
 
 from gauntlet.params import load_images, load_profile
-from gauntlet.steps import _deploy_k8s, cleanup
+from gauntlet.steps import _deploy_k8s, cleanup, deploy
 from gauntlet.steps._k8s import manifests as M
 from gauntlet.steps.runner import run_step
 
@@ -47,7 +47,7 @@ def cluster(monkeypatch, tmp_path):
         for o in M.engine_objects(KIMI, "vllm", OTHER_RUN, load_images()["vllm"].ref):
             d.add(o)
         for engine in ("sglang", "vllm"):
-            a = argparse.Namespace(profile_obj=KIMI, engine=engine, variant=None, run_id=UID)
+            a = deploy.Options(profile=KIMI, engine=engine, run_id=UID)
             assert all(c.status == "pass" for c in _deploy_k8s.deploy(a, tmp_path / f"deploy-{engine}")[0])
         (tmp_path / "deploy-sglang" / "verdict.json").write_text(json.dumps({"gate": "deploy", "status": "pass"}))
         yield d

@@ -31,8 +31,12 @@ def cluster(monkeypatch):
 
 
 def args(engine="sglang", profile=KIMI, **kw):
-    return argparse.Namespace(profile_obj=profile, profile=profile.name, engine=engine, variant=kw.get("variant"),
-                              run_id=kw.get("run_id", UID), backend="kubernetes")
+    return deploy.Options(profile=profile, engine=engine, variant=kw.get("variant"), run_id=kw.get("run_id", UID),
+                          backend="kubernetes")
+
+
+def down(engine="sglang", profile=KIMI):
+    return teardown.Options(profile=profile, engine=engine, run_id=UID, backend="kubernetes")
 
 
 def by_name(checks):
@@ -128,13 +132,13 @@ def test_teardown_scales_to_zero_and_waits_for_gpus(cluster, tmp_path):
     d, _ = cluster
     _deploy_k8s.deploy(args(), tmp_path / "deploy")
     _deploy_k8s.deploy(args("vllm"), tmp_path / "deploy-vllm")
-    checks, metrics = _deploy_k8s.teardown(args(), tmp_path / "teardown")
+    checks, metrics = _deploy_k8s.teardown(down(), tmp_path / "teardown")
     assert by_name(checks)["gpus_free"].status == "pass" and metrics["stopped"] == ["g-sglang-9e0d4c2a"]
     assert d.get("statefulsets", "gauntlet", "g-sglang-9e0d4c2a")["spec"]["replicas"] == 0
     assert [n for n in d.names("pods") if n.startswith("g-sglang")] == []
     assert len([n for n in d.names("pods") if n.startswith("g-vllm")]) == 2       # the other engine untouched
     assert (tmp_path / "teardown" / "logs" / "g-sglang-9e0d4c2a-0.engine.log").exists()
-    again, _ = _deploy_k8s.teardown(args(), tmp_path / "teardown2")               # idempotent
+    again, _ = _deploy_k8s.teardown(down(), tmp_path / "teardown2")               # idempotent
     assert all(c.status == "pass" for c in again)
     redeploy, _ = _deploy_k8s.deploy(args(), tmp_path / "deploy2")               # apply brings replicas back
     assert d.get("statefulsets", "gauntlet", "g-sglang-9e0d4c2a")["spec"]["replicas"] == 2
@@ -142,7 +146,7 @@ def test_teardown_scales_to_zero_and_waits_for_gpus(cluster, tmp_path):
 
 
 def test_teardown_with_nothing_deployed(cluster, tmp_path):
-    checks, _ = _deploy_k8s.teardown(args(), tmp_path)
+    checks, _ = _deploy_k8s.teardown(down(), tmp_path)
     assert checks[0].status == "pass" and "nothing to stop" in checks[0].detail
 
 

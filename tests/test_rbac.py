@@ -16,7 +16,7 @@ import pytest
 from k8s_double import FakeEngine, K8sDouble, running
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _cleanup_k8s, _deploy_k8s, _janitor_k8s, network
+from gauntlet.steps import _cleanup_k8s, _deploy_k8s, _janitor_k8s, deploy, network, teardown
 from gauntlet.steps._k8s import rbac
 from gauntlet.steps._k8s.api import connect
 from gauntlet.steps._k8s.manager import KINDS, node_gpu_pods
@@ -135,9 +135,9 @@ def wire(monkeypatch, tmp_path):
         monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
         monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
         monkeypatch.setattr(network, "POLL_S", 0.02)
-        a = argparse.Namespace(profile_obj=KIMI, engine="sglang", variant=None, run_id=UID)
-        _deploy_k8s.deploy(a, tmp_path / "deploy")
-        _deploy_k8s.teardown(a, tmp_path / "teardown")
+        a = dict(profile=KIMI, engine="sglang", run_id=UID)
+        _deploy_k8s.deploy(deploy.Options(**a), tmp_path / "deploy")
+        _deploy_k8s.teardown(teardown.Options(**a), tmp_path / "teardown")
         node_gpu_pods(connect(), "h20-node-01")
         d.pod_status = lambda pod: {"phase": "Succeeded", "containerStatuses": [
             {"name": "probe", "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}]}
@@ -145,7 +145,7 @@ def wire(monkeypatch, tmp_path):
         network.run(argparse.Namespace(profile_obj=KIMI, engine=None, run_id=UID, inputs=[], launcher="kubernetes",
                                        nproc=None, sizes=None), tmp_path / "network")
         d.pod_status = running
-        _deploy_k8s.deploy(argparse.Namespace(profile_obj=KIMI, engine="vllm", variant=None, run_id=UID),
+        _deploy_k8s.deploy(deploy.Options(profile=KIMI, engine="vllm", run_id=UID),
                            tmp_path / "deploy-vllm")
         _cleanup_k8s.cleanup(argparse.Namespace(profile_obj=KIMI, run_id=UID, workflow_status="Succeeded",
                                                 failures="null", run_dir=str(tmp_path)), tmp_path / "cleanup")
@@ -171,7 +171,7 @@ def test_janitor_wire_is_granted_by_its_role(monkeypatch, tmp_path):
         monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
         monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
         monkeypatch.setattr(_cleanup_k8s, "POLL_S", 0.02)
-        _deploy_k8s.deploy(argparse.Namespace(profile_obj=KIMI, engine="sglang", variant=None, run_id=UID),
+        _deploy_k8s.deploy(deploy.Options(profile=KIMI, engine="sglang", run_id=UID),
                            tmp_path / "deploy")
         d.add({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "probe", "namespace": "gauntlet",
                "labels": {"gauntlet.dev/run": UID}}, "spec": {"completions": 1, "template": {"spec": {

@@ -11,7 +11,6 @@ so rendering stays offline and pure.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 
@@ -25,9 +24,9 @@ COMPONENT_LABEL = "gauntlet.dev/component"
 FIELD_MANAGER = "gauntlet"
 
 
-def run_id_from(args: argparse.Namespace) -> str:
-    """The workflow uid that labels what this run creates: --run-id, else $GAUNTLET_RUN_ID."""
-    rid = getattr(args, "run_id", None) or os.environ.get("GAUNTLET_RUN_ID")
+def run_id_from(given: str | None) -> str:
+    """The workflow uid that labels what this run creates: --run-id (``given``), else $GAUNTLET_RUN_ID."""
+    rid = given or os.environ.get("GAUNTLET_RUN_ID")
     if not rid:
         raise UsageError("no run id: pass --run-id {{workflow.uid}} or set GAUNTLET_RUN_ID "
                          "(everything a run creates is labelled with it)")
