@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 from k8s_double import K8sDouble
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _nccl_probe, network, nodes
+from gauntlet.steps import _nccl_probe, _network_launch, network, nodes
 from gauntlet.steps._k8s.api import connect
 from gauntlet.steps._k8s.manager import node_gpu_pods
 
@@ -30,7 +29,7 @@ def probe_log(world: int, busbw: float, correct: bool = True) -> str:
 def cluster(monkeypatch):
     with K8sDouble() as d:
         monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
-        monkeypatch.setattr(network, "POLL_S", 0.02)
+        monkeypatch.setattr(_network_launch, "POLL_S", 0.02)
         d.pod_status = lambda pod: {"phase": "Succeeded", "containerStatuses": [
             {"name": "probe", "ready": False, "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}]}
         yield d
@@ -51,8 +50,7 @@ def inventories(tmp_path, mtu=(4096, 4096)):
 
 
 def run(tmp_path, **kw):
-    args = argparse.Namespace(profile_obj=KIMI, engine=None, run_id=UID, inputs=kw.get("inputs", []),
-                              launcher="kubernetes", nproc=None, sizes=None)
+    args = network.Options(profile=KIMI, run_id=UID, inputs=tuple(kw.get("inputs", ())), launcher="kubernetes")
     out = tmp_path / "network"
     out.mkdir()
     return network.run(args, out), out
@@ -133,3 +131,14 @@ def test_inter_phase_skipped_after_a_failed_intra_phase(cluster, tmp_path):
     assert c["intra_correct"].status == "fail" and c["inter_ran"].status == "skip"
     assert list(metrics["phases"]) == ["intra"]
     assert not [p for (m, p, _, _) in d.requests if m == "PATCH" and "netprobe-inter" in p]
+
+
+def test_options_refuse_bad_flags_up_front():
+    from gauntlet.contract import UsageError
+    with pytest.raises(UsageError, match=r"^--engine trtllm"):
+        network.Options(profile=KIMI, engine="trtllm")
+    with pytest.raises(UsageError, match=r"^--sizes"):
+        network.Options(profile=KIMI, sizes="1M,2M")
+    with pytest.raises(UsageError, match=r"^--nproc"):
+        network.Options(profile=KIMI, nproc=0)
+    assert network.Options(profile=KIMI, sizes="4096,").sizes == "4096,"

@@ -16,7 +16,7 @@ import pytest
 from k8s_double import FakeEngine, K8sDouble, running
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _cleanup_k8s, _deploy_k8s, _janitor_k8s, deploy, network, teardown
+from gauntlet.steps import _cleanup_k8s, _deploy_k8s, _janitor_k8s, _network_launch, deploy, network, teardown
 from gauntlet.steps._k8s import rbac
 from gauntlet.steps._k8s.api import connect
 from gauntlet.steps._k8s.manager import KINDS, node_gpu_pods
@@ -134,7 +134,7 @@ def wire(monkeypatch, tmp_path):
         monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
         monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
         monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
-        monkeypatch.setattr(network, "POLL_S", 0.02)
+        monkeypatch.setattr(_network_launch, "POLL_S", 0.02)
         a = dict(profile=KIMI, engine="sglang", run_id=UID)
         _deploy_k8s.deploy(deploy.Options(**a), tmp_path / "deploy")
         _deploy_k8s.teardown(teardown.Options(**a), tmp_path / "teardown")
@@ -142,8 +142,7 @@ def wire(monkeypatch, tmp_path):
         d.pod_status = lambda pod: {"phase": "Succeeded", "containerStatuses": [
             {"name": "probe", "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}]}
         (tmp_path / "network").mkdir()
-        network.run(argparse.Namespace(profile_obj=KIMI, engine=None, run_id=UID, inputs=[], launcher="kubernetes",
-                                       nproc=None, sizes=None), tmp_path / "network")
+        network.run(network.Options(profile=KIMI, run_id=UID, inputs=(), launcher="kubernetes"), tmp_path / "network")
         d.pod_status = running
         _deploy_k8s.deploy(deploy.Options(profile=KIMI, engine="vllm", run_id=UID),
                            tmp_path / "deploy-vllm")
