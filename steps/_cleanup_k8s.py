@@ -19,15 +19,18 @@ remove them) and hold no GPU of the engine, so they are neither deleted nor wait
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gauntlet.contract import Check, TransientError, write_json_atomic
+
+if TYPE_CHECKING:
+    from gauntlet.params import Profile
+    from gauntlet.steps import cleanup as cleanup_gate
 
 __all__ = ["cleanup", "release_run", "Released", "ApiErrors", "held_pods", "POLL_S", "WAIT_S", "KIND_ORDER", "ARGO_POD_LABEL"]
 
@@ -90,20 +93,20 @@ def _replicas(kind: str, obj: dict[str, Any]) -> int:
     return 0
 
 
-def cleanup(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+def cleanup(opts: cleanup_gate.Options, profile: Profile | None, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    """The run's logs, objects and verdicts under ``out``, then everything labelled with it released; never raises."""
     from gauntlet.steps._k8s import run_id_from
     from gauntlet.steps._k8s.api import connect
     from gauntlet.steps._k8s.manager import Manager
     from gauntlet.steps.cleanup import parse_failures
 
-    profile = getattr(args, "profile_obj", None)
     ns = os.environ.get("GAUNTLET_NAMESPACE") or (profile.namespace if profile is not None else "gauntlet")
     out = Path(out)
-    run_dir = Path(getattr(args, "run_dir", None) or out.parent)
+    run_dir = Path(opts.run_dir or out.parent)
     err = ApiErrors()
     base = {"namespace": ns, "actions": [], "saved_logs": [], "objects": {},
-            "workflow_status": getattr(args, "workflow_status", None)}
-    run_id = err.guard("run id", run_id_from, getattr(args, "run_id", None))
+            "workflow_status": opts.workflow_status}
+    run_id = err.guard("run id", run_id_from, opts.run_id)
     api = err.guard("Kubernetes API", connect) if run_id else None
     if api is None:
         detail = "; ".join(err.items)
@@ -114,8 +117,8 @@ def cleanup(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str,
     mgr = Manager(api, ns, run_id)
     r = release_run(mgr, out, err, wait_s=WAIT_S, before_release=lambda: err.guard(
         "results.json", write_json_atomic, out / "results.json", {
-            "workflow_status": getattr(args, "workflow_status", None),
-            "failures": parse_failures(getattr(args, "failures", None))[0],
+            "workflow_status": opts.workflow_status,
+            "failures": parse_failures(opts.failures)[0],
             "verdicts": _results(run_dir, out)}))
     checks = [
         Check("evidence_saved", "pass", "every held pod's log", len(r.saved),

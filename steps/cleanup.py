@@ -7,10 +7,11 @@ could not parse or do as failed checks. Its exit code says only whether
 something is still held afterwards: 0 nothing held (even with failed checks),
 75 still held after a transient error (Argo retries it), 1 still held.
 
-Local back end: :func:`gauntlet.steps._deploy_local.stop_all` stops every engine process
-group of the run (found by state file and by label) and the step confirms none
-is left. Kubernetes: :func:`gauntlet.steps._cleanup_k8s.cleanup` (logs first, then scale
-to 0 and delete only what carries the run's label).
+The back end (:func:`gauntlet.steps.backends.backend_for`) releases: locally
+:func:`gauntlet.steps._deploy_local.cleanup` stops every engine process group of the run
+(found by state file and by label) and confirms none is left; on Kubernetes
+:func:`gauntlet.steps._cleanup_k8s.cleanup` saves logs first, then scales to 0 and deletes
+only what carries the run's label.
 
 ``{{workflow.failures}}`` reaches the container as Argo's controller leaves it: the
 JSON list passed through Go's ``strconv.Quote`` (workflow/controller/operator.go,
@@ -21,16 +22,16 @@ the bare JSON the local runner used to pass, and Go escapes JSON lacks.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gauntlet.steps import Needs
 from gauntlet.contract import EXIT_FAIL, EXIT_PASS, EXIT_TRANSIENT, Check, Verdict
+from gauntlet.steps import Needs
+from gauntlet.steps.backends import BACKENDS, backend_for
+from gauntlet.steps.options import GateOptions, option
 
 NAME = "cleanup"
 HELP = "exit handler: keep logs, stop/delete everything this run created (always runs, never refuses)"
@@ -38,21 +39,23 @@ HELP = "exit handler: keep logs, stop/delete everything this run created (always
 NEEDS = Needs(profile=False, results_secret=True)
 WORKFLOW_PHASES = ("Succeeded", "Failed", "Error")
 
-__all__ = ["parse_failures", "parse_status", "go_unquote", "run", "exit_code"]
+__all__ = ["Options", "parse_failures", "parse_status", "go_unquote", "run", "exit_code"]
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    try:        # the CLI adds --profile only for steps whose runner loads it; a caller may have added it
-        p.add_argument("--profile", default=None, help="profile name or YAML path (a broken one is recorded)")
-    except argparse.ArgumentError:
-        pass
-    p.add_argument("--workflow-status", default="Unknown", help="{{workflow.status}}: Succeeded, Failed or Error")
-    p.add_argument("--failures", default="null",
-                   help="{{workflow.failures}}: Argo's quoted JSON list (\"null\" when nothing failed) or bare JSON")
-    p.add_argument("--backend", choices=("local", "kubernetes"), default=None,
-                   help="default: the profile's hardware.kind (in a pod without a profile: kubernetes)")
-    p.add_argument("--run-id", default=None, help="run id / workflow uid")
-    p.add_argument("--run-dir", default=None, help="local run directory (default: the parent of --out)")
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    """Nothing is refused here: every value is judged after the release (see :func:`run`)."""
+
+    # the step loads --profile itself (NEEDS.profile is False): a broken one is recorded, never refused
+    profile_ref: str | None = option(None, flag="--profile",
+                                     help="profile name or YAML path (a broken one is recorded)")
+    workflow_status: str = option("Unknown", help="{{workflow.status}}: Succeeded, Failed or Error")
+    failures: str = option("null", help="{{workflow.failures}}: Argo's quoted JSON list (\"null\" when nothing "
+                                        "failed) or bare JSON")
+    backend: str | None = option(None, choices=tuple(BACKENDS),
+                                 help="default: the profile's hardware.kind (in a pod without a profile: kubernetes)")
+    run_id: str | None = option(None, help="run id / workflow uid")
+    run_dir: str | None = option(None, help="local run directory (default: the parent of --out)")
 
 
 # ------------------------------------------------------------------ arguments, judged (pure)
@@ -126,51 +129,39 @@ def parse_status(text: str | None) -> tuple[str, str | None]:
 
 # ------------------------------------------------------------------ the step
 
-def _profile(args: argparse.Namespace) -> tuple[Any, str | None]:
-    if getattr(args, "profile_obj", None) is not None:
-        return args.profile_obj, None
-    if not getattr(args, "profile", None):
+def _profile(opts: Options) -> tuple[Any, str | None]:
+    if opts.profile is not None:
+        return opts.profile, None
+    if not opts.profile_ref:
         return None, "--profile: not given; falling back to the environment for backend and namespace"
     from gauntlet.params import ProfileError, load_profile
     try:
-        return load_profile(args.profile), None
+        return load_profile(opts.profile_ref), None
     except ProfileError as exc:
         return None, f"profile did not load ({str(exc).splitlines()[0][:300]}); released by label anyway"
     except Exception as exc:  # noqa: BLE001 - a broken image list or YAML library must not stop the release
         return None, f"profile did not load ({type(exc).__name__}: {exc}); released by label anyway"
 
 
-def _backend(args: argparse.Namespace, profile: Any) -> str:
-    if args.backend:
-        return args.backend
-    if profile is not None:
-        return profile.hardware.kind
-    in_cluster = os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("GAUNTLET_KUBE_API")
-    return "kubernetes" if in_cluster else "local"
-
-
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     problems: list[str] = []
-    profile, why = _profile(args)
-    args.profile_obj = profile
+    profile, why = _profile(opts)
     if why:
         problems.append(why)
-    failures, why = parse_failures(getattr(args, "failures", None))
+    failures, why = parse_failures(opts.failures)
     if why:
         problems.append(why)
-    status, why = parse_status(getattr(args, "workflow_status", None))
+    status, why = parse_status(opts.workflow_status)
     if why:
         problems.append(why)
-    backend = _backend(args, profile)
+    if opts.backend is not None and opts.backend not in BACKENDS:
+        problems.append(f"--backend: expected one of {', '.join(BACKENDS)}, got {opts.backend!r}; chose by the profile")
+    backend = backend_for(profile, opts.backend if opts.backend in BACKENDS else None)
 
     # release first: nothing above may stop it
-    if backend == "kubernetes":
-        from gauntlet.steps._cleanup_k8s import cleanup
-        checks, metrics = cleanup(args, out)
-    else:
-        checks, metrics = _cleanup_local(args, out)
+    checks, metrics = backend.cleanup(opts, profile, out)
     checks += [Check("arguments", "fail", "valid arguments and profile", p, p) for p in problems]
-    metrics.update(workflow_status=status, failures=failures, problems=problems, backend=backend)
+    metrics.update(workflow_status=status, failures=failures, problems=problems, backend=backend.name)
     return checks, metrics
 
 
@@ -181,29 +172,3 @@ def exit_code(verdict: Verdict) -> int:
         return EXIT_PASS
     return EXIT_TRANSIENT if m.get("transient") else EXIT_FAIL
 
-
-def _cleanup_local(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    from gauntlet.steps._deploy_local import find_labelled, stop_all
-
-    run_dir = (Path(args.run_dir) if args.run_dir else Path(out).parent).resolve()
-    t0 = time.monotonic()
-    errors: list[str] = []
-    stopped: list[dict[str, Any]] = []
-    try:
-        stopped = stop_all(run_dir)
-    except Exception as exc:  # noqa: BLE001 - recorded; what is left is judged below
-        errors.append(f"stop_all({run_dir}): {type(exc).__name__}: {exc}")
-    try:
-        left = sorted(find_labelled(run_dir)) if run_dir != Path(run_dir.anchor) else []
-    except OSError as exc:
-        errors.append(f"listing labelled processes: {exc}")
-        left = []
-    metrics = {"backend": "local", "run_dir": str(run_dir), "stopped": stopped,
-               "held": [f"pgid {p}" for p in left], "transient": False,
-               "seconds": round(time.monotonic() - t0, 2)}
-    what = (", ".join(f"pgid {s['pgid']} (port {s['port']}, {len(s['pids'])} processes) -> 0 running"
-                      for s in stopped) or "no engine of this run was still running")
-    checks = [Check("engines-stopped", "pass" if not left else "fail", "no engine process of the run left",
-                    left, f"stopped: {what}" if not left else f"still running after SIGKILL: process groups {left}")]
-    checks += [Check("release-error", "fail", "no error while releasing", e, e) for e in errors]
-    return checks, metrics

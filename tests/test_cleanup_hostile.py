@@ -105,14 +105,14 @@ def labelled_engine(tmp_path):
 
 
 def local_args(where: Path, **kw) -> argparse.Namespace:
-    base = dict(profile="local-cpu", out=str(where / "cleanup"), workflow_status="Failed", failures="null",
+    base = dict(profile_ref="local-cpu", out=str(where / "cleanup"), workflow_status="Failed", failures="null",
                 backend=None, run_id=None, run_dir=str(where))
     return argparse.Namespace(**{**base, **kw})
 
 
 @pytest.mark.parametrize("kw", [
-    {"failures": "garbage{"}, {"workflow_status": ""}, {"profile": "does-not-exist"},
-    {"profile": None, "backend": "local"}, {"failures": ARGO_ONE_FAILURE, "workflow_status": "Error"},
+    {"failures": "garbage{"}, {"workflow_status": ""}, {"profile_ref": "does-not-exist"},
+    {"profile_ref": None, "backend": "local"}, {"failures": ARGO_ONE_FAILURE, "workflow_status": "Error"},
 ])
 def test_local_releases_whatever_the_arguments(labelled_engine, kw):
     run_dir, proc = labelled_engine
@@ -138,10 +138,12 @@ def test_local_cleanup_cli_with_hostile_args_exits_zero(labelled_engine):
     assert r.returncode == 0, r.stderr
     assert proc.wait(timeout=30) is not None
     assert "Traceback" not in r.stderr + r.stdout
+    problems = json.loads((run_dir / "cleanup" / "verdict.json").read_text())["metrics"]["problems"]
+    assert any(p.startswith("profile did not load") for p in problems), problems     # --profile read, recorded
 
 
 def test_local_root_run_dir_is_recorded_not_raised(tmp_path):
-    rc = run_step(cleanup, local_args(tmp_path, run_dir="/", backend="local", profile=None,
+    rc = run_step(cleanup, local_args(tmp_path, run_dir="/", backend="local", profile_ref=None,
                                       out=str(tmp_path / "c")))
     v = json.loads((tmp_path / "c" / "verdict.json").read_text())
     assert rc == 0 and any(c["name"] == "release-error" and "filesystem root" in c["detail"] for c in v["checks"])
@@ -180,7 +182,7 @@ def ours(d: K8sDouble) -> list[tuple[str, str, str]]:
 
 
 def k8s_args(tmp_path: Path, **kw) -> argparse.Namespace:
-    base = dict(profile="kimi-k3-h20", out=str(tmp_path / "cleanup"), workflow_status="Failed", failures="null",
+    base = dict(profile_ref="kimi-k3-h20", out=str(tmp_path / "cleanup"), workflow_status="Failed", failures="null",
                 backend="kubernetes", run_id=None, run_dir=str(tmp_path))
     return argparse.Namespace(**{**base, **kw})
 
@@ -191,7 +193,7 @@ def read_verdict(tmp_path: Path) -> dict:
 
 @pytest.mark.parametrize("kw", [
     {"failures": "[{\"displayName\": 3"}, {"workflow_status": "{{workflow.status}}"},
-    {"profile": "/nonexistent/profile.yaml"}, {"profile": None},
+    {"profile_ref": "/nonexistent/profile.yaml"}, {"profile_ref": None},
     {"failures": '"null"', "workflow_status": "Succeeded"}, {"failures": ARGO_ONE_FAILURE},
 ])
 def test_k8s_releases_whatever_the_arguments(cluster, tmp_path, kw):

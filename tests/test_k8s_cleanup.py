@@ -63,7 +63,7 @@ def not_ours(o) -> bool:
 
 def run_cleanup(tmp_path, name="cleanup"):
     out = tmp_path / name
-    ns = argparse.Namespace(profile="kimi-k3-h20", out=str(out), workflow_status="Failed",
+    ns = argparse.Namespace(profile_ref="kimi-k3-h20", out=str(out), workflow_status="Failed",
                             failures='[{"displayName": "smoke", "message": "wrong answer"}]', backend="kubernetes",
                             run_id=UID, run_dir=str(tmp_path))
     rc = run_step(cleanup, ns)

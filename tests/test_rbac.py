@@ -16,7 +16,8 @@ import pytest
 from k8s_double import FakeEngine, K8sDouble, running
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _cleanup_k8s, _deploy_k8s, _janitor_k8s, _network_launch, deploy, network, teardown
+from gauntlet.steps import (_cleanup_k8s, _deploy_k8s, _janitor_k8s, _network_launch, cleanup, deploy, network,
+                            teardown)
 from gauntlet.steps._k8s import rbac
 from gauntlet.steps._k8s.api import connect
 from gauntlet.steps._k8s.manager import KINDS, node_gpu_pods
@@ -146,8 +147,8 @@ def wire(monkeypatch, tmp_path):
         d.pod_status = running
         _deploy_k8s.deploy(deploy.Options(profile=KIMI, engine="vllm", run_id=UID),
                            tmp_path / "deploy-vllm")
-        _cleanup_k8s.cleanup(argparse.Namespace(profile_obj=KIMI, run_id=UID, workflow_status="Succeeded",
-                                                failures="null", run_dir=str(tmp_path)), tmp_path / "cleanup")
+        _cleanup_k8s.cleanup(cleanup.Options(run_id=UID, workflow_status="Succeeded", run_dir=str(tmp_path)), KIMI,
+                             tmp_path / "cleanup")
         yield d.requests
 
 
