@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gauntlet.contract import TransientError, UsageError
+from gauntlet.steps.engine_client import normalize_endpoint
 
 __all__ = ["BenchRequest", "ClientRun", "client_argv", "run_client", "parse_result", "ROUND_METRICS",
            "LATENCY_METRICS", "SPEC_METRICS", "client_available", "preload_client"]
@@ -70,7 +71,7 @@ class BenchRequest:
 def client_argv(req: BenchRequest) -> list[str]:
     """The ``vllm bench serve`` arguments for one round (without the program name)."""
     argv = [
-        "--backend", req.backend, "--base-url", req.base_url.rstrip("/"), "--endpoint", req.endpoint,
+        "--backend", req.backend, "--base-url", normalize_endpoint(req.base_url, "--base-url"), "--endpoint", req.endpoint,
         "--model", req.model, "--tokenizer", req.tokenizer,
         "--dataset-name", "random", "--random-input-len", str(req.input_len),
         "--random-output-len", str(req.output_len), "--random-range-ratio", "0",

@@ -24,6 +24,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from gauntlet.steps.engine_client import EngineClient, normalize_endpoint
+
 __all__ = ["Sampler", "parse_nvidia_smi_csv", "parse_proc_net_dev", "parse_prometheus", "engine_gauges",
            "summarize_samples", "cpu_times", "meminfo", "NVIDIA_QUERY"]
 
@@ -47,9 +49,9 @@ _LISTENERS: dict[int, int | None] = {}  # port -> pid of the process listening o
 
 
 @functools.cache
-def _http() -> httpx.Client:
-    # one client for every round: building one (its SSL context) costs ~50 ms, 1-2% of a short round
-    return httpx.Client(timeout=5.0)
+def _client(base: str) -> EngineClient:
+    # one client per endpoint for every round: building one (its SSL context) costs ~50 ms, 1-2% of a short round
+    return EngineClient(base, timeout_s=5.0)
 
 
 def _strip_unit(v: str) -> float | None:
@@ -149,7 +151,7 @@ class Sampler:
     """Context manager: sample while the block runs, then :meth:`summary`."""
 
     def __init__(self, endpoint: str | None, interval_s: float = 1.0, nvidia_smi: str | None = "auto"):
-        self.endpoint = endpoint.rstrip("/") if endpoint else None
+        self.endpoint = normalize_endpoint(endpoint) if endpoint else None
         self.interval_s = interval_s
         self.nvidia_smi = shutil.which("nvidia-smi") if nvidia_smi == "auto" else nvidia_smi
         self.samples: list[dict[str, Any]] = []
@@ -160,7 +162,7 @@ class Sampler:
         self.metrics_end: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._client = _http()
+        self._client = _client(self.endpoint) if self.endpoint else None
         self._cpu_prev: tuple[float, float] | None = None
         self._t0 = 0.0
         self._t1 = 0.0
@@ -191,12 +193,10 @@ class Sampler:
         return cpu_times(text) if text else None
 
     def _scrape(self) -> dict[str, float] | None:
-        if not self.endpoint:
+        if self._client is None:
             return None
         try:
-            r = self._client.get(f"{self.endpoint}/metrics")
-            r.raise_for_status()
-            return parse_prometheus(r.text)
+            return parse_prometheus(self._client.metrics_text())
         except httpx.HTTPError as exc:
             if len(self.errors) < 5:
                 self.errors.append(f"/metrics: {type(exc).__name__}: {exc}")

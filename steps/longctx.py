@@ -31,9 +31,7 @@ never enter the throughput tables.
 
 from __future__ import annotations
 
-import argparse
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,15 +39,18 @@ from typing import Any
 import httpx
 
 from gauntlet.steps import Needs
-from gauntlet.params.models import EngineSpec, Profile, Rung
+from gauntlet.params.models import EngineSpec, Rung
 from gauntlet.steps._answers import sanity_problems
 from gauntlet.contract import Check, TransientError, UsageError, write_json_atomic
+from gauntlet.steps._shared_options import check_endpoint, check_engine
+from gauntlet.steps.engine_client import EngineClient
+from gauntlet.steps.options import GateOptions, option
 
 NAME = "longctx"
 HELP = "Gate 5: long-context ladder (needle in a haystack at several depths), stop at the first failure"
 NEEDS = Needs()
 
-__all__ = ["RungResult", "build_haystack", "judge_answer", "rung_outcome", "judge_rung", "blocked_reason",
+__all__ = ["Options", "RungResult", "build_haystack", "judge_answer", "rung_outcome", "judge_rung", "blocked_reason",
            "run_ladder", "run"]
 
 _WORDS = ("river mountain window garden copper lantern harbor meadow violet engine quiet silver market "
@@ -60,10 +61,29 @@ QUESTION = "What is the secret passcode mentioned in the text above? Reply with 
 ANSWER_MARGIN_TOKENS = 16       # chat template / special tokens the count may miss
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True)
-    p.add_argument("--endpoint", required=True)
-    p.add_argument("--rungs", required=True, help="comma-separated rung sizes (tokens) from profile.longctx.ladder")
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    engine: str = option(help="engine name in the profile")
+    endpoint: str = option(help="engine base URL, e.g. http://127.0.0.1:8765 (with or without /v1)")
+    rungs: str = option(help="comma-separated rung sizes (tokens) from profile.longctx.ladder")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_engine(self.the_profile, self.engine)
+        check_endpoint(self.endpoint)
+        self.ladder()
+
+    def ladder(self) -> list[Rung]:
+        """The profile's rungs ``--rungs`` names, in its order; UsageError naming the flag otherwise."""
+        ladder = {r.tokens: r for r in self.the_profile.longctx.ladder}
+        try:
+            wanted = [int(x) for x in self.rungs.split(",") if x.strip()]
+        except ValueError:
+            raise UsageError(f"--rungs {self.rungs!r}: comma-separated token counts") from None
+        unknown = [w for w in wanted if w not in ladder]
+        if unknown or not wanted:
+            raise UsageError(f"--rungs {self.rungs!r}: not in the ladder {sorted(ladder)}: {unknown}")
+        return [ladder[w] for w in wanted]
 
 
 @dataclass
@@ -167,43 +187,32 @@ def blocked_reason(engine: str, spec: EngineSpec, tokens: int, fixes: list[str])
             f"{spec.longctx_fix!r} in images/engines.yaml (known long-context defect)")
 
 
-class _Client:
-    def __init__(self, endpoint: str, model: str, timeout_s: float):
-        self.base = endpoint.rstrip("/")
+class _Session:
+    """The ladder's two requests (token count, chat) over the engine client; /tokenize is given up on
+    at its first failure (the engine has none: counts are estimated)."""
+
+    def __init__(self, client: EngineClient, model: str):
+        self.client = client
         self.model = model
-        self.http = httpx.Client(timeout=timeout_s)
         self.tokenize_ok = True
 
     def count(self, content: str) -> int | None:
         if not self.tokenize_ok:
             return None
-        try:
-            r = self.http.post(f"{self.base}/tokenize", json={"model": self.model, "messages": [
-                {"role": "user", "content": content}], "add_generation_prompt": True})
-        except httpx.HTTPError:
+        ex = self.client.tokenize({"model": self.model, "messages": [{"role": "user", "content": content}],
+                                   "add_generation_prompt": True})
+        if ex.status != 200 or not isinstance(ex.body, dict) or "count" not in ex.body:
             self.tokenize_ok = False
             return None
-        if r.status_code != 200 or "count" not in r.json():
-            self.tokenize_ok = False
-            return None
-        return int(r.json()["count"])
+        return int(ex.body["count"])
 
     def chat(self, content: str, max_tokens: int) -> tuple[int | None, Any, str | None, float]:
-        t0 = time.perf_counter()
-        try:
-            r = self.http.post(f"{self.base}/v1/chat/completions", json={
-                "model": self.model, "messages": [{"role": "user", "content": content}],
-                "max_tokens": max_tokens, "temperature": 0})
-        except httpx.HTTPError as exc:
-            return None, None, f"{type(exc).__name__}: {exc}"[:200], time.perf_counter() - t0
-        try:
-            body = r.json()
-        except ValueError:
-            body = None
-        return r.status_code, body, None, time.perf_counter() - t0
+        ex = self.client.chat({"model": self.model, "messages": [{"role": "user", "content": content}],
+                               "max_tokens": max_tokens, "temperature": 0})
+        return ex.status, ex.body, ex.error[:200] if ex.error else None, ex.seconds
 
 
-def _fit(client: _Client, target: int, depth: float, passcode: str) -> tuple[str, int | None]:
+def _fit(client: _Session, target: int, depth: float, passcode: str) -> tuple[str, int | None]:
     """The haystack closest to (not over) ``target`` prompt tokens."""
     per = None
     probe_n = 50
@@ -223,7 +232,7 @@ def _fit(client: _Client, target: int, depth: float, passcode: str) -> tuple[str
     return text, got
 
 
-def run_rung(client: _Client, rung: Rung, depths: list[float], max_tokens: int) -> RungResult:
+def run_rung(client: _Session, rung: Rung, depths: list[float], max_tokens: int) -> RungResult:
     target = rung.tokens - max_tokens - ANSWER_MARGIN_TOKENS
     probes = []
     for d in depths:
@@ -269,33 +278,26 @@ def run_ladder(rungs: list[Rung], send, blocked) -> list[RungResult]:
     return results
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     from gauntlet.params import load_images
 
-    profile: Profile = args.profile_obj
-    if args.engine not in profile.engines:
-        raise UsageError(f"--engine {args.engine}: not in profile {profile.name}")
-    spec = profile.engines[args.engine]
-    ladder = {r.tokens: r for r in profile.longctx.ladder}
-    try:
-        wanted = [int(x) for x in args.rungs.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--rungs {args.rungs!r}: comma-separated token counts") from None
-    unknown = [w for w in wanted if w not in ladder]
-    if unknown or not wanted:
-        raise UsageError(f"--rungs {args.rungs!r}: not in the ladder {sorted(ladder)}: {unknown}")
+    profile = opts.the_profile
+    engine = profile.engine_name(opts.engine)
+    spec = profile.engine(engine)
+    rungs = opts.ladder()
     image = load_images().get(spec.image)
     fixes = list(image.fixes) if image else []
     lc = profile.longctx
-    client = _Client(args.endpoint, profile.model.served_name, lc.timeout_s)
-    try:
-        client.http.get(f"{client.base}/v1/models", timeout=30).raise_for_status()
-    except httpx.HTTPError as exc:
-        raise TransientError(f"engine at {args.endpoint} not answering: {exc}") from None
-    results = run_ladder([ladder[w] for w in wanted], lambda r: run_rung(client, r, lc.needle_depths, lc.max_tokens),
-                         lambda r: blocked_reason(args.engine, spec, r.tokens, fixes))
+    with EngineClient(opts.endpoint, lc.timeout_s) as client:
+        try:
+            client.get("/v1/models", timeout=30).raise_for_status()
+        except httpx.HTTPError as exc:
+            raise TransientError(f"engine at {opts.endpoint} not answering: {exc}") from None
+        session = _Session(client, profile.model.served_name)
+        results = run_ladder(rungs, lambda r: run_rung(session, r, lc.needle_depths, lc.max_tokens),
+                             lambda r: blocked_reason(engine, spec, r.tokens, fixes))
     checks = [Check(f"rung-{r.tokens}", r.status, f"expect {r.expect}", r.label, r.detail) for r in results]
     all_passed = all(r.outcome == "passed" for r in results)
-    doc = {"engine": args.engine, "rungs": [asdict(r) for r in results]}
+    doc = {"engine": engine, "rungs": [asdict(r) for r in results]}
     write_json_atomic(out / "ladder.json", doc)
-    return checks, {"outputs": {"unlock_all_lower": all_passed}, "ladder": doc["rungs"], "engine": args.engine}
+    return checks, {"outputs": {"unlock_all_lower": all_passed}, "ladder": doc["rungs"], "engine": engine}

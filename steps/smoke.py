@@ -31,32 +31,30 @@ Tool calling per profile (``smoke.tool_choice``):
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
-
-import httpx
 
 from gauntlet.steps import Needs
 from gauntlet.params.models import Profile
 from gauntlet.steps._answers import judge_number, mentions, sanity_problems
 from gauntlet.steps._engine_replies import rules_for
-from gauntlet.contract import Check, UsageError
+from gauntlet.contract import Check
 from gauntlet.steps._probe_image import COLOURS, broken_png, data_url, solid_png
 from gauntlet.steps._replies import Answer, Exchange, chat_answer, judge_reasoning, judge_refusal, judge_tool_call
+from gauntlet.steps._shared_options import check_endpoint, check_engine
 from gauntlet.steps._sse import parse_sse
+from gauntlet.steps.engine_client import EngineClient
+from gauntlet.steps.options import GateOptions, option
 
 NAME = "smoke"
 HELP = "Gate 3: content-correctness smoke (models, arithmetic, reasoning, tools, streaming, images, errors)"
 NEEDS = Needs()
 
-__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "run_checks", "Client", "CHECKS",
-           "WEATHER_TOOL", "normalize_endpoint"]
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "run_checks", "CHECKS", "WEATHER_TOOL"]
 
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -71,85 +69,22 @@ RECALL_NAME = "Quentin"  # not guessable without turn 1; SmolLM2 copies it exact
 IMAGE_COLOUR = "red"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--endpoint", required=True, help="engine base URL, e.g. http://127.0.0.1:8765 (with or without /v1)")
-    p.add_argument("--engine", default=None, help="engine name in the profile (default: the baseline engine)")
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    endpoint: str = option(help="engine base URL, e.g. http://127.0.0.1:8765 (with or without /v1)")
+    engine: str | None = option(None, help="engine name in the profile (default: the baseline engine)")
 
-
-def normalize_endpoint(url: str) -> str:
-    """``http://h:p`` from ``http://h:p/``, ``http://h:p/v1``; UsageError for anything not http(s)."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--endpoint {url!r}: expected an http(s) URL such as http://127.0.0.1:8765")
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
-    return f"{parts.scheme}://{parts.netloc}{path}"
-
-
-class Client:
-    """httpx against one endpoint; every request becomes an :class:`Exchange`, kept as evidence."""
-
-    def __init__(self, endpoint: str, timeout_s: float, transport: httpx.BaseTransport | None = None):
-        self.base = normalize_endpoint(endpoint)
-        timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        self._http = httpx.Client(base_url=self.base, timeout=timeout, transport=transport)
-        self.log: list[Exchange] = []
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._http.close()
-
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Exchange:
-        ex = Exchange(method, path)
-        t0 = time.monotonic()
-        try:
-            r = self._http.request(method, path, json=body)
-            ex.status, ex.text = r.status_code, r.text
-            ex.body = _json_or_none(r.text)
-        except httpx.HTTPError as exc:
-            ex.error = f"{type(exc).__name__}: {exc}"
-        ex.seconds = time.monotonic() - t0
-        self.log.append(ex)
-        return ex
-
-    def stream(self, path: str, body: dict[str, Any]) -> tuple[Exchange, str]:
-        """POST with ``stream: true``; the raw SSE text exactly as it arrived."""
-        ex = Exchange("POST", path + " (stream)")
-        t0 = time.monotonic()
-        raw = ""
-        try:
-            with self._http.stream("POST", path, json={**body, "stream": True}) as r:
-                ex.status = r.status_code
-                raw = "".join(r.iter_text())
-                ctype = r.headers.get("content-type", "")
-            ex.text = raw
-            if ex.status == 200 and not ctype.startswith("text/event-stream"):
-                ex.error = f"content-type {ctype!r}, expected text/event-stream"
-            elif ex.status != 200:
-                ex.body = _json_or_none(raw)
-        except httpx.HTTPError as exc:
-            ex.error = f"{type(exc).__name__}: {exc}"
-            ex.text = raw
-        ex.seconds = time.monotonic() - t0
-        self.log.append(ex)
-        return ex, raw
-
-
-def _json_or_none(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_endpoint(self.endpoint)
+        check_engine(self.the_profile, self.engine)
 
 
 @dataclass
 class Ctx:
     """What every check needs: the client, the profile, the engine under test."""
 
-    client: Client
+    client: EngineClient
     profile: Profile
     engine: str
     answers: dict[str, Any] = field(default_factory=dict)
@@ -161,7 +96,7 @@ class Ctx:
     def chat(self, messages: list[dict[str, Any]], **extra: Any) -> tuple[Exchange, Answer]:
         body = {"model": self.model, "messages": messages, "temperature": 0,
                 "max_tokens": self.profile.smoke.max_tokens, **extra}
-        ex = self.client.request("POST", "/v1/chat/completions", body)
+        ex = self.client.chat(body)
         return ex, chat_answer(ex)
 
     def ask(self, prompt: str, **extra: Any) -> tuple[Exchange, Answer]:
@@ -196,7 +131,7 @@ def _right_answer(ctx: Ctx, label: str) -> list[str]:
 
 
 def check_models(ctx: Ctx) -> list[Check]:
-    ex = ctx.client.request("GET", "/v1/models")
+    ex = ctx.client.models()
     want = ctx.model
     if ex.status != 200 or not isinstance(ex.body, dict):
         why = ex.summary() if ex.status != 200 else f"HTTP 200 but not a JSON object: {ex.text[:40]!r}"
@@ -405,7 +340,7 @@ CHECKS: list[tuple[str, Callable[[Ctx], list[Check]]]] = [
 ]
 
 
-def run_checks(client: Client, profile: Profile, engine: str,
+def run_checks(client: EngineClient, profile: Profile, engine: str,
                after: Callable[[str], None] | None = None) -> tuple[list[Check], dict[str, float]]:
     """Every check in order, each independent of the others; ``after(name)`` runs between them."""
     ctx = Ctx(client, profile, engine)
@@ -420,12 +355,10 @@ def run_checks(client: Client, profile: Profile, engine: str,
     return checks, seconds
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    profile: Profile = args.profile_obj
-    engine = args.engine or profile.baseline_engine
-    if engine not in profile.engines:
-        raise UsageError(f"--engine {engine}: not in profile {profile.name} (has {', '.join(profile.engines)})")
-    with Client(args.endpoint, profile.smoke.request_timeout_s) as client:
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile = opts.the_profile
+    engine = profile.engine_name(opts.engine)
+    with EngineClient(opts.endpoint, profile.smoke.request_timeout_s, keep_log=True) as client:
         checks, seconds = run_checks(client, profile, engine)
     with (out / "exchanges.jsonl").open("w") as fh:
         for ex in client.log:

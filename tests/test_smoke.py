@@ -302,13 +302,13 @@ def test_judge_reasoning(answer, needle):
     ("https://gw.example/kimi/v1/", "https://gw.example/kimi"),
 ])
 def test_normalize_endpoint(url, base):
-    from gauntlet.steps.smoke import normalize_endpoint
+    from gauntlet.steps.engine_client import normalize_endpoint
     assert normalize_endpoint(url) == base
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--endpoint", "127.0.0.1:8765"], "expected an http(s) URL"),
-    (["--endpoint", "http://127.0.0.1:9", "--engine", "sglang"], "--engine sglang: not in profile local-cpu"),
+    (["--endpoint", "http://127.0.0.1:9", "--engine", "sglang"], "--engine sglang: engine 'sglang' is not in profile local-cpu"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
     from gauntlet.workflows.cli import main
@@ -408,9 +408,10 @@ def _scripted(defect: str | None = None, style: str = "sglang"):
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_kimi_profile_paths_over_a_scripted_server(defect, failing, engine):
     from gauntlet.params import load_profile
-    from gauntlet.steps.smoke import Client, run_checks
+    from gauntlet.steps.engine_client import EngineClient
+    from gauntlet.steps.smoke import run_checks
     profile = load_profile("kimi-k3-h20")
-    with Client("http://kimi.test/v1", 5, transport=_scripted(defect, style=engine)) as c:
+    with EngineClient("http://kimi.test/v1", 5, transport=_scripted(defect, style=engine)) as c:
         checks, _ = run_checks(c, profile, engine)
     by = {ch.name: ch for ch in checks}
     assert "image-refused" not in by                                   # multimodal: understanding, not refusal
@@ -433,10 +434,11 @@ def test_kimi_profile_paths_over_a_scripted_server(defect, failing, engine):
 ])
 def test_named_tool_choice_finish_reason_per_engine(engine, server, ok):
     from gauntlet.params import load_profile
-    from gauntlet.steps.smoke import Client, Ctx, check_tool_call
+    from gauntlet.steps.engine_client import EngineClient
+    from gauntlet.steps.smoke import Ctx, check_tool_call
     profile = load_profile("kimi-k3-h20")
     profile = profile.model_copy(update={"smoke": profile.smoke.model_copy(update={"tool_choice": "named"})})
-    with Client("http://kimi.test/v1", 5, transport=_scripted(style=server)) as c:
+    with EngineClient("http://kimi.test/v1", 5, transport=_scripted(style=server)) as c:
         (check,) = check_tool_call(Ctx(c, profile, engine))
     assert (check.status == "pass") is ok, check.detail
     if not ok:

@@ -27,7 +27,8 @@ import pytest
 import yaml
 
 from gauntlet.params import load_profile, profile_path
-from gauntlet.steps.smoke import Client, run_checks
+from gauntlet.steps.engine_client import EngineClient
+from gauntlet.steps.smoke import run_checks
 from gauntlet.workflows.cli import main as gauntlet
 
 
@@ -58,7 +59,7 @@ def _profile_with(tmp_path: Path, edit) -> object:
 
 
 def _smoke(endpoint: str, profile, **kw):
-    with Client(endpoint, profile.smoke.request_timeout_s) as c:
+    with EngineClient(endpoint, profile.smoke.request_timeout_s) as c:
         checks, _ = run_checks(c, profile, profile.baseline_engine, **kw)
     return {c.name: c for c in checks}
 
