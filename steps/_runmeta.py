@@ -87,7 +87,7 @@ def run_meta(out: Path, profile: Profile, engine: str, *, spec: EngineSpec | Non
     from gauntlet.params import load_images
     from gauntlet.steps.engine_cmd import args_hash
 
-    spec = spec or profile.engines[engine]
+    spec = spec or profile.engine(engine)
     run_dir = run_dir_of(out)
     images = load_images()
     image = images.get(spec.image)

@@ -26,7 +26,6 @@ history``, which passes.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,13 +35,16 @@ from typing import Any
 
 from gauntlet.steps import Needs
 from gauntlet.contract import Check, write_json_atomic
+from gauntlet.contract import UsageError
+from gauntlet.steps._shared_options import ResultsOptions, check_engine
 from gauntlet.steps._stats import mad, median
+from gauntlet.steps.options import option
 
 NAME = "regress"
 HELP = "Nightly: label each case metric ok / regressed / improved / insufficient history against the store"
 NEEDS = Needs(results_secret=True, size="large")
 
-__all__ = ["Rule", "Label", "METRICS", "judge_metric", "judge", "nightly_medians", "run", "DEFAULT_RULE",
+__all__ = ["Options", "Rule", "Label", "METRICS", "judge_metric", "judge", "nightly_medians", "run", "DEFAULT_RULE",
            "suspect_cases", "FAILING", "PASSING", "origin", "PROVENANCE"]
 
 # metric -> (direction: +1 higher is better, -1 lower is better, relative floor)
@@ -214,20 +216,27 @@ def nightly_medians(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = 
 
 # ---- the step ---------------------------------------------------------------
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results-uri", default=None, help="results store (default: $GAUNTLET_RESULTS_URI or the profile's)")
-    p.add_argument("--run-id", default=None, help="this run's id (default: the run directory's name)")
-    p.add_argument("--stage", choices=("suspect", "final"), default="final",
-                   help="suspect: inside an engine sequence, name the cases to measure again (never fails); "
-                        "final: label every case, confirmation rounds included")
-    p.add_argument("--engine", default=None, help="only this engine's cases (the suspect stage's sequence)")
-    p.add_argument("--k", type=float, default=DEFAULT_RULE.k)
-    p.add_argument("--window", type=int, default=DEFAULT_RULE.window)
-    p.add_argument("--min-history", type=int, default=DEFAULT_RULE.min_history)
+@dataclass(frozen=True, kw_only=True)
+class Options(ResultsOptions):
+    run_id: str | None = option(None, help="this run's id (default: the run directory's name)")
+    stage: str = option("final", choices=("suspect", "final"),
+                        help="suspect: inside an engine sequence, name the cases to measure again (never fails); "
+                             "final: label every case, confirmation rounds included")
+    engine: str | None = option(None, help="only this engine's cases (the suspect stage's sequence)")
+    k: float = option(DEFAULT_RULE.k)
+    window: int = option(DEFAULT_RULE.window)
+    min_history: int = option(DEFAULT_RULE.min_history)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.engine is not None:
+            check_engine(self.the_profile, self.engine)
+        if self.stage not in ("suspect", "final"):
+            raise UsageError(f"--stage {self.stage}: suspect or final")
 
-def results_uri(args: argparse.Namespace) -> str:
-    return args.results_uri or os.environ.get("GAUNTLET_RESULTS_URI") or args.profile_obj.results_uri
+    @property
+    def rule(self) -> Rule:
+        return replace(DEFAULT_RULE, k=self.k, window=self.window, min_history=self.min_history)
 
 
 def _detail(lb: Label, rule: Rule) -> str:
@@ -248,16 +257,16 @@ def _detail(lb: Label, rule: Rule) -> str:
     return f"{lb.label}: {text}"
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     from gauntlet.steps._runmeta import run_dir_of
     from gauntlet.steps.results import read_rounds
 
-    profile = args.profile_obj
-    stage = getattr(args, "stage", "final")
-    only = getattr(args, "engine", None)
-    run_id = args.run_id or os.environ.get("GAUNTLET_RUN_ID") or run_dir_of(out, 2 if stage == "suspect" else 1).name
-    rule = replace(DEFAULT_RULE, k=args.k, window=args.window, min_history=args.min_history)
-    table = read_rounds(results_uri(args), profile=profile.name)
+    profile = opts.the_profile
+    stage = opts.stage
+    only = opts.engine
+    run_id = opts.run_id or os.environ.get("GAUNTLET_RUN_ID") or run_dir_of(out, 2 if stage == "suspect" else 1).name
+    rule = opts.rule
+    table = read_rounds(opts.results_store, profile=profile.name)
     rows = [r for r in table.to_pylist() if (r.get("experiment") or "baseline") == "baseline"
             and (only is None or r["engine"] == only)]
     mine = [r for r in rows if r["run_id"] == run_id and r.get("phase") == "measure"]

@@ -552,8 +552,12 @@ def write_report(run_dir: str | Path, results: Any = None, *, profile: Any = Non
     data = collect(run_dir)
     profile = profile or _profile_of(run_dir)
     history = None
-    uri = results if results is not None else (os.environ.get("GAUNTLET_RESULTS_URI")
-                                                or (profile.results_uri if profile is not None else None))
+    if results is not None:
+        uri = results
+    elif profile is not None:
+        uri = profile.results_store()
+    else:
+        uri = os.environ.get("GAUNTLET_RESULTS_URI")
     if isinstance(uri, (str, Path)):
         from gauntlet.steps.results import read_rounds
         try:

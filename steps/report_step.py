@@ -8,41 +8,41 @@ report first, then fails its own verdict with a ``regression`` check when regres
 
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gauntlet.steps import Needs
 from gauntlet.contract import Check
+from gauntlet.steps._shared_options import ResultsOptions
+from gauntlet.steps.options import option
 
 NAME = "report"
 HELP = "Write report.md and plots for the run directory"
 NEEDS = Needs(results_secret=True, size="large")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", default=None, help="run directory (default: the parent of --out)")
-    p.add_argument("--results-uri", default=None, help="results store for the nightly trend")
-    p.add_argument("--regress-verdict", default=None,
-                   help="{{tasks.regress.outputs.parameters.verdict}}: fail after writing the report unless pass/skip")
+@dataclass(frozen=True, kw_only=True)
+class Options(ResultsOptions):
+    run_dir: Path | None = option(None, help="run directory (default: the parent of --out)")
+    regress_verdict: str | None = option(None, help="{{tasks.regress.outputs.parameters.verdict}}: fail after "
+                                                    "writing the report unless pass/skip")
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     from gauntlet.steps.report import write_report
 
-    run_dir = Path(args.run_dir) if args.run_dir else Path(out).resolve().parent
-    uri = args.results_uri or os.environ.get("GAUNTLET_RESULTS_URI") or args.profile_obj.results_uri
+    run_dir = opts.run_dir if opts.run_dir else Path(out).resolve().parent
     # into the run directory (what people open) and beside this verdict (the step's Argo artifact)
-    path = write_report(run_dir, uri, profile=args.profile_obj)
+    path = write_report(run_dir, opts.results_store, profile=opts.the_profile)
     pngs = sorted(p.name for p in run_dir.glob("*.png"))
     if Path(out).resolve() != run_dir.resolve():
         for name in ("report.md", *pngs):
             shutil.copy2(run_dir / name, Path(out) / name)
     checks = [Check("report", "pass", "report.md written", str(path), f"{path} with {len(pngs)} plot(s): "
                     f"{', '.join(pngs) or 'none'}")]
-    verdict = getattr(args, "regress_verdict", None)
+    verdict = opts.regress_verdict
     if verdict is not None and verdict.strip() not in ("pass", "skip"):
         checks.append(Check("regression", "fail", "regress pass or skip", verdict,
                             f"regress ended {verdict!r}: {_regress_failures(run_dir)}; the report is written "

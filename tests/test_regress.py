@@ -1,12 +1,12 @@
 """Regression labels on constructed histories, and the step against a real store."""
 
-import argparse
+import dataclasses
 import random
 
 import pytest
 
 from gauntlet.params import load_profile
-from gauntlet.steps.regress import DEFAULT_RULE, Rule, judge, judge_metric, judge_two_stage, nightly_medians, run
+from gauntlet.steps.regress import DEFAULT_RULE, Options, Rule, judge, judge_metric, judge_two_stage, nightly_medians, run
 from gauntlet.steps.results import append_rounds
 
 
@@ -82,8 +82,8 @@ def _store(tmp_path, nights, drop=1.0):
 
 
 def _args(tmp_path, run_id):
-    return argparse.Namespace(profile_obj=load_profile("local-cpu"), results_uri=str(tmp_path / "store"),
-                              run_id=run_id, k=3.0, window=14, min_history=7)
+    return Options(profile=load_profile("local-cpu"), results_uri=str(tmp_path / "store"),
+                   run_id=run_id, k=3.0, window=14, min_history=7)
 
 
 def test_step_flags_an_injected_10pct_drop(tmp_path):
@@ -162,9 +162,7 @@ def _confirm_rows(run_id, factor, n=6):
 
 
 def _stage_args(tmp_path, run_id, stage):
-    a = _args(tmp_path, run_id)
-    a.stage, a.engine = stage, "vllm" if stage == "suspect" else None
-    return a
+    return dataclasses.replace(_args(tmp_path, run_id), stage=stage, engine="vllm" if stage == "suspect" else None)
 
 
 def test_suspect_stage_names_the_case_and_never_fails(tmp_path):
@@ -193,18 +191,18 @@ def test_final_stage_judges_the_confirmation_rounds(tmp_path, factor, label):
 def test_confirmation_runs_only_on_a_suspicion_and_never_holds_longctx_back(suspect, runs):
     """The graph both back ends walk: confirm's `when` on the suspect stage's output (its Argo default is
     empty), and longctx after confirm whether it ran or was skipped."""
-    from gauntlet.workflows.conditions import eval_depends, eval_when, substitute
+    from gauntlet.workflows import refs
     from gauntlet.workflows.graph import build_graph
 
-    seq = build_graph(load_profile("local-cpu")).sequences[0]
+    seq = build_graph(load_profile("local-cpu"), "local").sequences[0]
     confirm, longctx = seq.task("confirm"), seq.task("longctx")
-    outs = {"tasks.suspect.outputs.parameters.suspect": suspect,
-            "tasks.suspect.outputs.parameters.suspect_cases": "c2-128-32" if runs else ""}
-    assert eval_when(substitute(confirm.when, outs)) is runs
+    assert confirm.when.subject == refs.output("suspect", "suspect")
+    assert confirm.when.holds(suspect) is runs
     assert confirm.step == "perf" and "--phase" in confirm.args and "confirm" in confirm.args
     assert str(DEFAULT_RULE.confirm_rounds) in confirm.args
     assert seq.task("suspect").step == "regress" and "suspect" in seq.task("suspect").args
-    assert eval_depends(longctx.depends, {"confirm": "Succeeded" if runs else "Skipped"})
+    assert longctx.upstream == ("confirm",)
+    assert all(n.met({"confirm": "Succeeded" if runs else "Skipped"}) for n in longctx.depends)
 
 
 # ---- where the change came from --------------------------------------------------

@@ -18,7 +18,7 @@ def _run(tmp_path: Path, regress_verdict: str | None) -> tuple[int, dict]:
     (run_dir / "regress" / "verdict.json").write_text(json.dumps({
         "gate": "regress", "status": "fail", "checks": [
             {"name": "c16-1k-1k/output_throughput", "status": "fail", "detail": "regressed 12% below the last 14 nights"}]}))
-    args = argparse.Namespace(profile="local-cpu", out=str(run_dir / "report"), run_dir=str(run_dir),
+    args = argparse.Namespace(profile="local-cpu", out=str(run_dir / "report"), run_dir=run_dir,
                               results_uri=str(tmp_path / "results"), regress_verdict=regress_verdict)
     rc = run_step(report_step, args)
     return rc, json.loads((run_dir / "report" / "verdict.json").read_text())
