@@ -27,23 +27,26 @@ phase whose throughput or P99 is worse beyond noise.
 
 from __future__ import annotations
 
-import argparse
-import copy
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gauntlet.steps import Needs
 from gauntlet.params.models import EngineArgs, EngineSpec, Profile, Variant
 from gauntlet.contract import Check, UsageError, write_json_atomic
+from gauntlet.steps import perf
+from gauntlet.steps._shared_options import check_endpoint, check_engine
 from gauntlet.steps.engine_cmd import apply_change
-from gauntlet.steps.perf import bench_options, case_checks, case_table, run_matrix, selected_cases
+from gauntlet.steps.options import option
+from gauntlet.steps.perf import BenchOptions, bench_fields, case_checks, case_table, run_matrix
 
 NAME = "experiment"
 HELP = "Gate 6: deploy one variant (baseline + one change), re-run the Gate 4 cases, compare, tear down"
 NEEDS = Needs(model_cache="read", results_secret=True)
 
-__all__ = ["args_diff", "one_change_problems", "compare", "verdict", "baseline_cases", "run", "NOISE_FLOOR",
+__all__ = ["Options", "perf_options", "args_diff", "one_change_problems", "compare", "verdict", "baseline_cases", "run", "NOISE_FLOOR",
            "phase_plan", "phase_verdicts", "decision", "EXPECTATION"]
 
 NOISE_FLOOR = 0.02
@@ -55,15 +58,37 @@ EXPECTATION = {"cold": "no gain expected: every request is new to the cache",
                "measure": "the gain of the one change"}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True)
-    p.add_argument("--variant", required=True, help="experiment name from profile.experiments")
-    p.add_argument("--backend", choices=("local", "kubernetes"), default=None, help="deploy back end (default: profile)")
-    p.add_argument("--run-id", default=None)
-    p.add_argument("--baseline-dir", default=None, help="the perf evidence dir (default: <out>/../perf)")
-    p.add_argument("--baseline-endpoint", default=None,
-                   help="the baseline engine, still up: it runs every phase the variant runs that perf did not")
-    bench_options(p)
+@dataclass(frozen=True, kw_only=True)
+class Options(BenchOptions):
+    engine: str = option(help="engine name in the profile")
+    variant: str = option(help="experiment name from profile.experiments")
+    backend: str | None = option(None, choices=("local", "kubernetes"), help="deploy back end (default: profile)")
+    run_id: str | None = option(None, help="run id / workflow uid (labels what the variant's deploy creates)")
+    baseline_dir: Path | None = option(None, help="the perf evidence dir (default: <out>/../perf)")
+    baseline_endpoint: str | None = option(None, help="the baseline engine, still up: it runs every phase the "
+                                                      "variant runs that perf did not")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_engine(self.the_profile, self.engine)
+        check_endpoint(self.baseline_endpoint, "--baseline-endpoint")
+        self.variant_spec()
+
+    def the_variant(self) -> Variant:
+        return _variant(self.the_profile, self.variant)
+
+    def variant_spec(self) -> EngineSpec:
+        """The baseline engine's spec with the variant's one change; UsageError naming the variant otherwise."""
+        v = self.the_variant()
+        try:
+            return apply_change(self.the_profile.engine(self.engine), v.change)
+        except ValueError as exc:
+            raise UsageError(f"variant {v.name}: {exc}".splitlines()[0]) from None
+
+
+def perf_options(opts: Options, endpoint: str, cases: Sequence[str]) -> perf.Options:
+    """Gate 4's options for measuring ``cases`` against ``endpoint`` with this experiment's bench options."""
+    return perf.Options(**bench_fields(opts), engine=opts.engine, endpoint=endpoint, cases=tuple(cases))
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -242,34 +267,31 @@ def _spec_and_memory(results: dict[str, Any], base: dict[str, dict[str, Any]]) -
     return out
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     from gauntlet.steps import deploy as deploy_step
+    from gauntlet.steps import teardown as teardown_step
 
-    profile: Profile = args.profile_obj
-    if args.engine not in profile.engines:
-        raise UsageError(f"--engine {args.engine}: not in profile {profile.name}")
-    variant = _variant(profile, args.variant)
-    if variant.engine is not None and variant.engine != args.engine:
-        return [Check("variant-engine", "skip", variant.engine, args.engine,
+    profile = opts.the_profile
+    engine = profile.engine_name(opts.engine)
+    variant = opts.the_variant()
+    if variant.engine is not None and variant.engine != engine:
+        return [Check("variant-engine", "skip", variant.engine, engine,
                       f"variant {variant.name} is for {variant.engine} only")], {"variant": variant.name}
-    base_spec = profile.engines[args.engine]
-    try:
-        var_spec = apply_change(base_spec, variant.change)
-    except ValueError as exc:
-        raise UsageError(f"variant {variant.name}: {exc}".splitlines()[0]) from None
+    base_spec = profile.engine(engine)
+    var_spec = opts.variant_spec()
     problems = one_change_problems(base_spec.args, var_spec.args)
     diff = {k: {"baseline": a, "variant": b} for k, (a, b) in args_diff(base_spec.args, var_spec.args).items()}
     checks = [Check("variant-one-change", "fail" if problems else "pass", "exactly one engine arg differs",
                     sorted(diff), "; ".join(problems) or f"changes {next(iter(diff))}: "
                     f"{next(iter(diff.values()))['baseline']!r} -> {next(iter(diff.values()))['variant']!r}")]
-    metrics: dict[str, Any] = {"variant": variant.name, "engine": args.engine, "change": variant.change, "diff": diff}
+    metrics: dict[str, Any] = {"variant": variant.name, "engine": engine, "change": variant.change, "diff": diff}
     if problems:
         return checks, metrics
 
-    perf_dir = Path(args.baseline_dir) if args.baseline_dir else Path(out).resolve().parent / "perf"
+    perf_dir = opts.baseline_dir if opts.baseline_dir else Path(out).resolve().parent / "perf"
     base = baseline_cases(perf_dir)
     names = list(base) or [c.name for c in profile.bench.cases if c.requires_stable is None]
-    cases = selected_cases(profile, ",".join(names))
+    perf.selected_cases(profile, names)
     if not base:
         checks.append(Check("baseline-evidence", "skip", str(perf_dir / "verdict.json"), None,
                             f"no baseline perf evidence at {perf_dir}: the variant is measured, not compared"))
@@ -280,14 +302,12 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
     if "measure" in plan and base:
         base_tables["measure"] = {n: c.get("table", {}) for n, c in base.items()}
     extra = [p for p in plan if p != "measure"]
-    base_endpoint = getattr(args, "baseline_endpoint", None)
-    if extra and base_endpoint:
+    if extra and opts.baseline_endpoint:
         # the baseline engine runs the variant's phases first, on the same requests, while it is still up
-        bargs = copy.copy(args)
-        bargs.endpoint = base_endpoint
+        bopts = perf_options(opts, opts.baseline_endpoint, names)
         for phase in extra:
             kw = dict(plan[phase], phase_tag=f"{plan[phase]['phase_tag']}-baseline")
-            res, _ = run_matrix(bargs, out / "baseline", cases, base_spec, f"{variant.name}:baseline", **kw)
+            res, _ = run_matrix(bopts, out / "baseline", base_spec, f"{variant.name}:baseline", **kw)
             base_tables[phase] = {n: case_table(cr.rounds) for n, cr in res.items()}
             base_hit[phase] = {n: [(r.get("resources") or {}).get("prefix_cache_hit_rate") for r in cr.rounds]
                                for n, cr in res.items()}
@@ -295,12 +315,10 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
         checks.append(Check("baseline-phases", "skip", f"baseline measured on {', '.join(extra)}", None,
                             "no --baseline-endpoint: the variant's phases are measured, not compared"))
 
-    dargs = copy.copy(args)
-    dargs.variant = variant.name
-    dargs.backend = getattr(args, "backend", None)
-    dargs.run_id = getattr(args, "run_id", None)
-    backend = deploy_step.backend_module(dargs)
-    dchecks, dmetrics = backend.deploy(dargs, out / "deploy")
+    dopts = deploy_step.Options(profile=profile, engine=engine, backend=opts.backend, run_id=opts.run_id,
+                                variant=variant.name)
+    topts = teardown_step.Options(profile=profile, engine=engine, backend=opts.backend, run_id=opts.run_id)
+    dchecks, dmetrics = deploy_step.run(dopts, out / "deploy")
     checks += [Check(f"deploy/{c.name}", c.status, c.expected, c.observed, c.detail) for c in dchecks]
     try:
         endpoint = (dmetrics.get("outputs") or {}).get("endpoint")
@@ -314,15 +332,13 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
                             sorted(args_diff(base_spec.args, deployed)), "; ".join(again) or "verified on the deployed spec"))
         if again:
             return checks, metrics
-        margs = copy.copy(args)
-        margs.endpoint = endpoint
+        vopts = perf_options(opts, endpoint, names)
         phases: dict[str, Any] = {}
         for phase, kw in plan.items():
-            phases[phase], _ = run_matrix(margs, out, cases, var_spec, variant.name, **kw)
+            phases[phase], _ = run_matrix(vopts, out, var_spec, variant.name, **kw)
     finally:
-        tchecks, _ = backend.teardown(dargs, out / "teardown")
+        tchecks, _ = teardown_step.run(topts, out / "teardown")
         checks += [Check(f"teardown/{c.name}", c.status, c.expected, c.observed, c.detail) for c in tchecks]
-
     for res in phases.values():
         for cr in res.values():
             checks += [c for c in case_checks(cr, profile.bench.spread_max_rel) if c.name.endswith("rounds-valid")]

@@ -14,12 +14,10 @@ headroom at its peak was >= the dependant's ``headroom_min``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import os
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,38 +27,56 @@ from gauntlet.steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchReq
                           run_client)
 from gauntlet.contract import Check, UsageError, param_name, write_json_atomic
 from gauntlet.steps._sampler import Sampler
+from gauntlet.steps._shared_options import ResultsOptions, check_endpoint, check_engine
+from gauntlet.steps.options import option
 from gauntlet.steps._stats import Stability, client_bound, cold_start, round_validity, stability, summarize
 
 NAME = "perf"
 HELP = "Gate 4: benchmark matrix (vllm bench serve), warmup + rounds, median and spread, results store"
 NEEDS = Needs(model_cache="read", results_secret=True)
 
-__all__ = ["CaseResult", "measure_case", "case_table", "unlocks", "bench_options", "run", "TABLE_METRICS"]
+__all__ = ["CaseResult", "measure_case", "case_table", "unlocks", "BenchOptions", "Options", "bench_fields", "run",
+           "run_matrix", "selected_cases", "TABLE_METRICS"]
 
 TABLE_METRICS = (*THROUGHPUT_METRICS, *LATENCY_METRICS, "success_rate")
 WARMUP_SEED_OFFSET = 1000
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True)
-    p.add_argument("--endpoint", required=True, help="engine base URL, e.g. http://127.0.0.1:8765")
-    p.add_argument("--cases", required=True, help="comma-separated case names from profile.bench.cases")
-    p.add_argument("--phase", choices=("measure", "confirm"), default="measure",
-                   help="confirm: fresh rounds of cases the nightly suspects (steps/regress.py), kept apart in the store")
-    p.add_argument("--rounds", type=int, default=None, help="rounds after the warmup (default: the profile's)")
-    bench_options(p)
-
-
-def bench_options(p: argparse.ArgumentParser) -> None:
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions(ResultsOptions):
     """Options shared by every step that runs the bench client (perf, experiment)."""
-    p.add_argument("--results-uri", default=None, help="results store (default: $GAUNTLET_RESULTS_URI or profile)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer path (default: the model's mount or cache path)")
-    p.add_argument("--bench-python", default=None,
-                   help="run the client as a subprocess of this Python (default: in-process when vLLM is importable)")
-    p.add_argument("--sample-interval", type=float, default=1.0, help="seconds between resource samples")
-    p.add_argument("--no-store", action="store_true", help="do not append rounds to the results store")
-    p.add_argument("--no-ceiling", action="store_true",
-                   help="skip the client's ceiling (the same requests against a zero-cost loopback server)")
+
+    tokenizer: str | None = option(None, help="tokenizer path (default: the model's mount or cache path)")
+    bench_python: str | None = option(None, help="run the client as a subprocess of this Python "
+                                                 "(default: in-process when vLLM is importable)")
+    sample_interval: float = option(1.0, help="seconds between resource samples")
+    no_store: bool = option(False, help="do not append rounds to the results store")
+    no_ceiling: bool = option(False, help="skip the client's ceiling (the same requests against a zero-cost "
+                                          "loopback server)")
+
+
+def bench_fields(opts: BenchOptions) -> dict[str, Any]:
+    """The :class:`BenchOptions` part of ``opts`` (profile included), to build another gate's options from."""
+    return {f.name: getattr(opts, f.name) for f in fields(BenchOptions)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options(BenchOptions):
+    engine: str = option(help="engine name in the profile")
+    endpoint: str = option(help="engine base URL, e.g. http://127.0.0.1:8765 (with or without /v1)")
+    cases: tuple[str, ...] = option(csv=True, help="comma-separated case names from profile.bench.cases")
+    phase: str = option("measure", choices=("measure", "confirm"),
+                        help="confirm: fresh rounds of cases the nightly suspects (steps/regress.py), kept apart "
+                             "in the store")
+    rounds: int | None = option(None, help="rounds after the warmup (default: the profile's)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_engine(self.the_profile, self.engine)
+        check_endpoint(self.endpoint)
+        selected_cases(self.the_profile, self.cases)
+        if self.phase not in ("measure", "confirm"):
+            raise UsageError(f"--phase {self.phase}: measure or confirm")
 
 
 @dataclass
@@ -259,50 +275,49 @@ def case_checks(cr: CaseResult, spread_max: float, cluster: bool = False) -> lis
     return checks
 
 
-def results_uri(args: argparse.Namespace) -> str:
-    return args.results_uri or os.environ.get("GAUNTLET_RESULTS_URI") or args.profile_obj.results_uri
-
-
-def selected_cases(profile: Profile, names: str) -> list[BenchCase]:
+def selected_cases(profile: Profile, names: Sequence[str]) -> list[BenchCase]:
     by = {c.name: c for c in profile.bench.cases}
-    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    wanted = [n.strip() for n in names if n.strip()]
     unknown = [n for n in wanted if n not in by]
     if unknown or not wanted:
-        raise UsageError(f"--cases {names!r}: unknown {unknown or 'none given'}; profile has {', '.join(by)}")
+        raise UsageError(f"--cases {','.join(names)!r}: unknown {unknown or 'none given'}; "
+                         f"profile has {', '.join(by)}")
     return [by[n] for n in wanted]
 
 
-def run_matrix(args: argparse.Namespace, out: Path, cases: list[BenchCase], spec: EngineSpec, experiment: str,
+def run_matrix(opts: Options, out: Path, spec: EngineSpec, experiment: str,
                *, prefix_len: int = 0, seeds: list[int] | None = None, phase_tag: str = "",
                phase: str = "measure", warmup_seed: int | None = None
                ) -> tuple[dict[str, CaseResult], list[dict[str, Any]]]:
-    """Measure ``cases`` and append their rounds to the store; returns results and store rows."""
+    """Measure ``opts.cases`` against ``opts.endpoint`` and append their rounds to the store (unless
+    ``no_store``); returns results and store rows."""
     from gauntlet.steps._runmeta import run_meta
 
-    profile = args.profile_obj
-    meta = run_meta(out, profile, args.engine, spec=spec, experiment=experiment)
-    tok = tokenizer_for(profile, args.tokenizer)
-    if args.bench_python is None:
-        args.client_import_s = getattr(args, "client_import_s", 0.0) + preload_client()
+    profile = opts.the_profile
+    cases = selected_cases(profile, opts.cases)
+    meta = run_meta(out, profile, opts.engine, spec=spec, experiment=experiment)
+    tok = tokenizer_for(profile, opts.tokenizer)
+    if opts.bench_python is None:
+        preload_client()
     results = {}
-    with _ceiling_server(profile, args) as null_url:
+    with _ceiling_server(profile, opts.no_ceiling) as null_url:
         for c in cases:
-            results[c.name] = measure_case(c, profile, endpoint=args.endpoint, tokenizer=tok, out=out, meta=meta,
-                                           bench_python=args.bench_python, sample_interval=args.sample_interval,
+            results[c.name] = measure_case(c, profile, endpoint=opts.endpoint, tokenizer=tok, out=out, meta=meta,
+                                           bench_python=opts.bench_python, sample_interval=opts.sample_interval,
                                            prefix_len=prefix_len, seeds=seeds, phase_tag=phase_tag,
                                            warmup_seed=warmup_seed, null_url=null_url)
     rows = store_rows(list(results.values()), meta, phase=phase, prefix_len=prefix_len)
-    if not getattr(args, "no_store", False):
+    if not opts.no_store:
         from gauntlet.steps.results import append_rounds
-        append_rounds(rows, results_uri(args))
+        append_rounds(rows, opts.results_store)
     return results, rows
 
 
 @contextlib.contextmanager
-def _ceiling_server(profile: Profile, args: argparse.Namespace) -> Iterator[str | None]:
+def _ceiling_server(profile: Profile, skip: bool) -> Iterator[str | None]:
     """The zero-cost server for the client's ceiling, or None when it cannot start (the ceiling is then
     unknown: recorded as such, never a failed case)."""
-    if getattr(args, "no_ceiling", False):
+    if skip:
         yield None
         return
     from gauntlet.steps._null_server import null_server
@@ -318,14 +333,15 @@ def _ceiling_server(profile: Profile, args: argparse.Namespace) -> Iterator[str 
         cm.__exit__(None, None, None)
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    profile: Profile = args.profile_obj
-    if args.engine not in profile.engines:
-        raise UsageError(f"--engine {args.engine}: not in profile {profile.name}")
-    cases = selected_cases(profile, args.cases)
-    phase = getattr(args, "phase", "measure")
-    rounds = getattr(args, "rounds", None) or profile.bench.rounds
-    results, rows = run_matrix(args, out, cases, profile.engines[args.engine], "baseline", phase=phase,
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile = opts.the_profile
+    engine = profile.engine_name(opts.engine)
+    cases = selected_cases(profile, opts.cases)
+    rounds = opts.rounds or profile.bench.rounds
+    tokenizer_for(profile, opts.tokenizer)       # no tokenizer: a usage error before the client's import
+    # the client's import is its own start-up, paid once per step and reported apart from the rounds
+    client_import_s = preload_client() if opts.bench_python is None else 0.0
+    results, rows = run_matrix(opts, out, profile.engine(engine), "baseline", phase=opts.phase,
                                seeds=[profile.bench.seed] * rounds)
     checks: list[Check] = []
     for cr in results.values():
@@ -339,11 +355,11 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
                 if r.get("client_s")]
     write_json_atomic(out / "rounds.json", rows)
     metrics = {
-        "engine": args.engine, "outputs": outputs, "run_id": rows[0]["run_id"] if rows else None,
+        "engine": engine, "outputs": outputs, "run_id": rows[0]["run_id"] if rows else None,
         "meta": {k: rows[0][k] for k in ("image", "image_digest", "args_hash", "model_fingerprint", "git_rev",
                                          "topology", "context_length", "client", "client_version")} if rows else {},
         "cases": {n: cr.to_dict() for n, cr in results.items()},
         "wrapper_overhead_rel_max": max(overhead) if overhead else None,
-        "client_import_s": round(getattr(args, "client_import_s", 0.0), 2),
+        "client_import_s": round(client_import_s, 2),
     }
     return checks, metrics
