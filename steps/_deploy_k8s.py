@@ -67,6 +67,7 @@ def wait_ready(mgr: Any, selector: str, replicas: int, url: str, served_name: st
     import httpx
 
     from gauntlet.steps._k8s.manager import pod_state
+    from gauntlet.steps.engine_client import EngineClient
 
     poll_s = POLL_S if poll_s is None else poll_s
     t0 = time.monotonic()
@@ -84,18 +85,18 @@ def wait_ready(mgr: Any, selector: str, replicas: int, url: str, served_name: st
             last = f"{len(running)}/{replicas} ranks running ({', '.join(f'{s.name}={s.phase}' for s in states)})"
         else:
             try:
-                r = httpx.get(f"{url}/health", timeout=10)
-                health = r.status_code
-                if r.status_code == 200:
-                    g = httpx.post(f"{url}/v1/completions", timeout=300,
-                                   json={"model": served_name, "prompt": "Hello", "max_tokens": 1,
-                                         "temperature": 0})
-                    if g.status_code == 200 and g.json().get("choices"):
-                        return ReadyOutcome(True, "ready", time.monotonic() - t0, [asdict(s) for s in states],
-                                            health, g.json()["choices"][0].get("text"))
-                    last = f"/health 200 but /v1/completions answered {g.status_code}: {g.text[:200]}"
-                else:
-                    last = f"/health answered {r.status_code}"
+                with EngineClient(url, timeout_s=10) as leader:
+                    r = leader.health()
+                    health = r.status_code
+                    if r.status_code == 200:
+                        g = leader.post("/v1/completions", {"model": served_name, "prompt": "Hello", "max_tokens": 1,
+                                                            "temperature": 0}, timeout=300)
+                        if g.status_code == 200 and g.json().get("choices"):
+                            return ReadyOutcome(True, "ready", time.monotonic() - t0, [asdict(s) for s in states],
+                                                health, g.json()["choices"][0].get("text"))
+                        last = f"/health 200 but /v1/completions answered {g.status_code}: {g.text[:200]}"
+                    else:
+                        last = f"/health answered {r.status_code}"
             except (httpx.HTTPError, ValueError) as exc:
                 last = f"leader not answering yet: {type(exc).__name__}"
         time.sleep(poll_s)
@@ -171,7 +172,7 @@ def deploy(opts: deploy_gate.Options, out: Path) -> tuple[list[Check], dict[str,
     if variant:
         selector += f",gauntlet.dev/variant={variant}"
     url = os.environ.get("GAUNTLET_READY_URL") or endpoint
-    outcome = wait_ready(mgr, selector, replicas, url.rstrip("/"), profile.model.served_name, spec.ready_timeout_s)
+    outcome = wait_ready(mgr, selector, replicas, url, profile.model.served_name, spec.ready_timeout_s)
     ranks = _save_logs(mgr, selector, out)
     nodes = sorted({r["node"] for r in ranks.values() if r["node"]})
     want_nodes = sorted(n.name for n in profile.hardware.nodes)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from gauntlet.steps.engine_client import EngineClient
+
 __all__ = ["LocalEngine", "EngineError", "EngineDied", "EngineTimeout", "group_members", "group_rss_bytes",
            "kill_group", "free_port", "port_open", "log_tail", "sigterm_as_interrupt"]
 
@@ -225,7 +227,7 @@ class LocalEngine:
         assert self.proc is not None and self.started_at is not None, "start() first"
         deadline = self.started_at + self.startup_timeout_s
         last = "not probed yet"
-        with httpx.Client(base_url=self.base_url, timeout=5.0, trust_env=False) as client:
+        with EngineClient(self.base_url, timeout_s=5.0, trust_env=False) as client:
             while True:
                 self.sample_rss()
                 rc = self.proc.poll()
@@ -264,10 +266,10 @@ class LocalEngine:
         self.stop()
 
 
-def _probe(client: httpx.Client, served_name: str) -> str:
+def _probe(client: EngineClient, served_name: str) -> str:
     """'ready', or what is not ready yet (one line)."""
     try:
-        r = client.get("/health")
+        r = client.health()
         if r.status_code != 200:
             return f"/health HTTP {r.status_code}"
         r = client.get("/v1/models")
