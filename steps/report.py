@@ -18,6 +18,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from gauntlet.contract import UsageError
+
 __all__ = ["write_report", "collect", "fair_ab", "render_markdown", "AB_OPTIONS"]
 
 # What must match for two engines' numbers to share a table: the workload-defining options.
@@ -546,7 +548,7 @@ def write_report(run_dir: str | Path, results: Any = None, *, profile: Any = Non
     """Write ``report.md`` (+ PNGs) for a run directory; ``results`` is a store URI or rows of history."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+        raise UsageError(f"run directory {run_dir} does not exist")
     out = Path(out) if out else run_dir
     out.mkdir(parents=True, exist_ok=True)
     data = collect(run_dir)

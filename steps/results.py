@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from gauntlet.contract import UsageError
 from gauntlet.steps._bench import LATENCY_METRICS, SPEC_METRICS
 
 __all__ = ["SCHEMA", "MAIN_CLIENT", "open_store", "append_rounds", "read_rounds", "table_for", "PARTITIONING"]
@@ -65,7 +66,10 @@ def open_store(uri: str | Path) -> tuple[pafs.FileSystem, str]:
         path = Path(text).expanduser().resolve()
         path.mkdir(parents=True, exist_ok=True)
         return pafs.LocalFileSystem(), str(path)
-    fs, root = pafs.FileSystem.from_uri(text)
+    try:
+        fs, root = pafs.FileSystem.from_uri(text)
+    except ValueError as exc:       # pyarrow's ArrowInvalid: an unknown scheme, a malformed URI
+        raise UsageError(f"results store {text!r}: {str(exc).splitlines()[0]}") from None
     return fs, root.rstrip("/")
 
 

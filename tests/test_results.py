@@ -74,3 +74,9 @@ def test_s3_round_trip(s3_server):
     assert len(keys) == 2 and all("/profile=local-cpu/engine=vllm/date=" in k for k in keys)
     t = read_rounds(uri, profile="local-cpu")
     assert t.num_rows == 4 and sorted(set(t.column("date").to_pylist())) == ["2026-12-02", "2026-12-03"]
+
+
+def test_a_store_uri_pyarrow_cannot_open_is_a_usage_error():
+    from gauntlet.contract import UsageError
+    with pytest.raises(UsageError, match="results store 'nosuch://x/y'"):
+        read_rounds("nosuch://x/y")
