@@ -1,28 +1,19 @@
-"""Option pieces several gates share: the engine flag's check, the endpoint flag's check, the results store.
+"""Option pieces several gates share: the endpoint flag's check and the results store.
 
-A gate's ``Options.__post_init__`` calls :func:`check_engine` / :func:`check_endpoint` so a bad flag is a
-one-line UsageError naming it before anything runs; :class:`ResultsOptions` is the ``--results-uri`` flag
-and the one fallback (``Profile.results_store``) every gate that reads or writes the store uses.
+A gate's ``Options.__post_init__`` calls :func:`check_endpoint` so a bad URL is a one-line UsageError naming
+its flag before anything runs (the engine flag's check is :func:`gauntlet.steps.deploy.engine_option`);
+:class:`ResultsOptions` is the ``--results-uri`` flag and the one fallback (``Profile.results_store``) every
+gate that reads or writes the store uses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gauntlet.contract import UsageError
-from gauntlet.params import Profile
 from gauntlet.steps.engine_client import normalize_endpoint
 from gauntlet.steps.options import GateOptions, option
 
-__all__ = ["check_engine", "check_endpoint", "ResultsOptions"]
-
-
-def check_engine(profile: Profile, name: str | None, flag: str = "--engine") -> str:
-    """The engine ``name`` names in the profile (the baseline when None); UsageError naming the flag."""
-    try:
-        return profile.engine_name(name)
-    except UsageError as exc:
-        raise UsageError(f"{flag} {name}: {exc}") from None
+__all__ = ["check_endpoint", "ResultsOptions"]
 
 
 def check_endpoint(url: str | None, flag: str = "--endpoint") -> None:

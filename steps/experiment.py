@@ -37,7 +37,8 @@ from gauntlet.steps import Needs
 from gauntlet.params.models import EngineArgs, EngineSpec, Profile, Variant
 from gauntlet.contract import Check, UsageError, write_json_atomic
 from gauntlet.steps import perf
-from gauntlet.steps._shared_options import check_endpoint, check_engine
+from gauntlet.steps._shared_options import check_endpoint
+from gauntlet.steps.deploy import engine_option
 from gauntlet.steps.engine_cmd import apply_change
 from gauntlet.steps.options import option
 from gauntlet.steps.perf import BenchOptions, bench_fields, case_checks, case_table, run_matrix
@@ -70,7 +71,7 @@ class Options(BenchOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_engine(self.the_profile, self.engine)
+        engine_option(self, self.engine)
         check_endpoint(self.baseline_endpoint, "--baseline-endpoint")
         self.variant_spec()
 

@@ -42,7 +42,8 @@ from gauntlet.steps import Needs
 from gauntlet.params.models import EngineSpec, Rung
 from gauntlet.steps._answers import sanity_problems
 from gauntlet.contract import Check, TransientError, UsageError, write_json_atomic
-from gauntlet.steps._shared_options import check_endpoint, check_engine
+from gauntlet.steps._shared_options import check_endpoint
+from gauntlet.steps.deploy import engine_option
 from gauntlet.steps.engine_client import EngineClient
 from gauntlet.steps.options import GateOptions, option
 
@@ -69,7 +70,7 @@ class Options(GateOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_engine(self.the_profile, self.engine)
+        engine_option(self, self.engine)
         check_endpoint(self.endpoint)
         self.ladder()
 

@@ -27,7 +27,8 @@ from gauntlet.steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchReq
                           run_client)
 from gauntlet.contract import Check, UsageError, param_name, write_json_atomic
 from gauntlet.steps._sampler import Sampler
-from gauntlet.steps._shared_options import ResultsOptions, check_endpoint, check_engine
+from gauntlet.steps._shared_options import ResultsOptions, check_endpoint
+from gauntlet.steps.deploy import engine_option
 from gauntlet.steps.options import option
 from gauntlet.steps._stats import Stability, client_bound, cold_start, round_validity, stability, summarize
 
@@ -72,7 +73,7 @@ class Options(BenchOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_engine(self.the_profile, self.engine)
+        engine_option(self, self.engine)
         check_endpoint(self.endpoint)
         selected_cases(self.the_profile, self.cases)
         if self.phase not in ("measure", "confirm"):

@@ -36,7 +36,8 @@ from typing import Any
 from gauntlet.steps import Needs
 from gauntlet.contract import Check, write_json_atomic
 from gauntlet.contract import UsageError
-from gauntlet.steps._shared_options import ResultsOptions, check_engine
+from gauntlet.steps._shared_options import ResultsOptions
+from gauntlet.steps.deploy import engine_option
 from gauntlet.steps._stats import mad, median
 from gauntlet.steps.options import option
 
@@ -230,7 +231,7 @@ class Options(ResultsOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.engine is not None:
-            check_engine(self.the_profile, self.engine)
+            engine_option(self, self.engine)
         if self.stage not in ("suspect", "final"):
             raise UsageError(f"--stage {self.stage}: suspect or final")
 

@@ -45,7 +45,8 @@ from gauntlet.steps._engine_replies import rules_for
 from gauntlet.contract import Check
 from gauntlet.steps._probe_image import COLOURS, broken_png, data_url, solid_png
 from gauntlet.steps._replies import Answer, Exchange, chat_answer, judge_reasoning, judge_refusal, judge_tool_call
-from gauntlet.steps._shared_options import check_endpoint, check_engine
+from gauntlet.steps._shared_options import check_endpoint
+from gauntlet.steps.deploy import engine_option
 from gauntlet.steps._sse import parse_sse
 from gauntlet.steps.engine_client import EngineClient
 from gauntlet.steps.options import GateOptions, option
@@ -77,7 +78,7 @@ class Options(GateOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_endpoint(self.endpoint)
-        check_engine(self.the_profile, self.engine)
+        engine_option(self, self.engine)
 
 
 @dataclass
