@@ -11,7 +11,6 @@ a run that may still be running is never touched.
 
 from __future__ import annotations
 
-import argparse
 import os
 from datetime import datetime, UTC
 from pathlib import Path
@@ -81,12 +80,13 @@ def _delete_bare_pods(api: Any, ns: str, run_id: str, err: ApiErrors) -> list[st
     return gone
 
 
-def sweep(args: argparse.Namespace, out: Path, grace_s: float) -> tuple[list[Check], dict[str, Any]]:
+def sweep(namespace: str | None, out: Path, grace_s: float) -> tuple[list[Check], dict[str, Any]]:
+    """Release the objects of every labelled run in ``namespace`` whose workflow is gone or over ``grace_s`` ago."""
     from gauntlet.steps._k8s.api import connect
     from gauntlet.steps._k8s.manager import Manager
     from gauntlet.steps.janitor import judge_run
 
-    ns = args.namespace or os.environ.get("GAUNTLET_NAMESPACE") or "gauntlet"
+    ns = namespace or os.environ.get("GAUNTLET_NAMESPACE") or "gauntlet"
     err = ApiErrors()
     api = err.guard("Kubernetes API", connect)
     runs = labelled_runs(api, ns, err) if api is not None else None

@@ -13,34 +13,29 @@ Locally (``gauntlet janitor --local``, and at the start of every ``gauntlet run`
 engines of a run whose runner is no longer alive (``kill -9``) are found by their label
 and stopped (:mod:`gauntlet.steps._janitor_local`).
 
-Judgement is pure (:func:`judge_run`); the I/O is in :mod:`gauntlet.steps._janitor_k8s`.
+Judgement is pure (:func:`judge_run`); the I/O is the back end's (:data:`gauntlet.steps.backends.BACKENDS`,
+``janitor``): :mod:`gauntlet.steps._janitor_k8s`, :mod:`gauntlet.steps._janitor_local`.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gauntlet.steps import Needs
 from gauntlet.contract import EXIT_FAIL, EXIT_PASS, EXIT_TRANSIENT, Check, UsageError, Verdict
+from gauntlet.steps import Needs
+from gauntlet.steps.backends import BACKENDS
+from gauntlet.steps.options import GateOptions, option
 
 NAME = "janitor"
 HELP = "release the objects (or local engines) of runs whose workflow is gone or long finished"
 NEEDS = Needs(profile=False)
 FINISHED = ("Succeeded", "Failed", "Error")
 
-__all__ = ["judge_run", "parse_duration", "RunState", "run", "exit_code"]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--grace", default="10m", help="release a finished run's objects this long after it finished")
-    p.add_argument("--namespace", default=None, help="default: $GAUNTLET_NAMESPACE, else gauntlet")
-    p.add_argument("--local", action="store_true", help="the local back end: stop engines of dead runners")
-    p.add_argument("--runs-dir", default="runs", help="local: the runs directory (default: runs)")
+__all__ = ["Options", "judge_run", "parse_duration", "RunState", "run", "exit_code"]
 
 
 @dataclass(frozen=True)
@@ -86,13 +81,25 @@ def judge_run(workflow: dict[str, Any] | None, now: datetime, grace_s: float) ->
     return RunState(True, f"its workflow {phase} {age:.0f}s ago (grace {grace_s:.0f}s)")
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    grace_s = parse_duration(args.grace)
-    if args.local:
-        from gauntlet.steps._janitor_local import sweep
-        return sweep(Path(args.runs_dir), out)
-    from gauntlet.steps._janitor_k8s import sweep as sweep_k8s
-    return sweep_k8s(args, out, grace_s)
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    grace: str = option("10m", help="release a finished run's objects this long after it finished")
+    namespace: str | None = option(None, help="default: $GAUNTLET_NAMESPACE, else gauntlet")
+    local: bool = option(False, help="the local back end: stop engines of dead runners")
+    runs_dir: str = option("runs", help="local: the runs directory (default: runs)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_duration(self.grace)
+
+    @property
+    def grace_s(self) -> float:
+        return parse_duration(self.grace)
+
+
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    backend = BACKENDS["local" if opts.local else "kubernetes"]
+    return backend.janitor(out, runs_dir=Path(opts.runs_dir), namespace=opts.namespace, grace_s=opts.grace_s)
 
 
 def exit_code(verdict: Verdict) -> int:

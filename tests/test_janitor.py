@@ -62,6 +62,8 @@ def test_parse_duration(text, seconds):
 def test_parse_duration_refuses(text):
     with pytest.raises(UsageError, match="--grace"):
         janitor.parse_duration(text)
+    with pytest.raises(UsageError, match="--grace"):
+        janitor.Options(grace=text)                     # refused up front, before anything is listed
 
 
 # ------------------------------------------------------------------ Kubernetes (API double)
@@ -208,9 +210,10 @@ def test_local_janitor_stops_engines_of_dead_runners_only(runs):
 
 def test_gauntlet_run_sweeps_before_it_starts(runs, monkeypatch):
     """`gauntlet run` calls the same sweep, excluding its own run directory."""
-    from gauntlet.steps._janitor_local import sweep
+    from gauntlet.steps.backends import BACKENDS
     runs_dir, killed, live, (k_proc, l_proc), _ = runs
-    checks, metrics = sweep(runs_dir, runs_dir / "new" / ".janitor", exclude=runs_dir / "new")
+    checks, metrics = BACKENDS["local"].janitor(runs_dir / "new" / ".janitor", runs_dir=runs_dir,
+                                                exclude=runs_dir / "new")
     assert list(metrics["released"]) == [killed.name] and list(metrics["kept"]) == [live.name]
     assert k_proc.wait(timeout=30) is not None and l_proc.poll() is None
 

@@ -7,7 +7,6 @@ authorizer check): every apply needs ``create`` and ``patch``.
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -181,7 +180,7 @@ def test_janitor_wire_is_granted_by_its_role(monkeypatch, tmp_path):
                "status": {"phase": "Running"}})
         d.add(WF_DONE)
         d.requests.clear()
-        checks, metrics = _janitor_k8s.sweep(argparse.Namespace(namespace="gauntlet"), tmp_path / "janitor", 60)
+        checks, metrics = _janitor_k8s.sweep("gauntlet", tmp_path / "janitor", 60)
         assert metrics["held"] == [] and UID in metrics["released"], checks
     seen = set().union(*(wire_to_rules(m, p, c) for (m, p, _, c) in d.requests))
     assert seen == granted(rbac.JANITOR_RULES), (seen - granted(rbac.JANITOR_RULES),

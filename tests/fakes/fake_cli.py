@@ -9,12 +9,13 @@ import json
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
-from gauntlet.steps import Needs
-from gauntlet.steps import _deploy_local, cleanup
-from gauntlet.steps._engine_local import LocalEngine, free_port
 from gauntlet.contract import Check
+from gauntlet.steps import Needs, _deploy_local, cleanup
+from gauntlet.steps._engine_local import LocalEngine, free_port
+from gauntlet.steps.options import add_options
 from gauntlet.steps.runner import run_step
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
@@ -50,7 +51,7 @@ def _fail(args, out):
 
 
 def _engine(args, out):
-    run_dir = _deploy_local.run_dir_of(args, out)
+    run_dir = _deploy_local.run_dir_of(out)
     port = free_port()
     eng = LocalEngine([sys.executable, str(FAKE_ENGINE), "ready", str(port), "m"], port=port, served_name="m",
                       log_path=out / "engine.log", startup_timeout_s=20, poll_s=0.1,
@@ -62,8 +63,8 @@ def _engine(args, out):
 
 
 def _teardown(args, out):
-    args.run_dir = None
-    return _deploy_local.teardown(args, out)
+    # the real local teardown; its options need only the engine (the fake graph's engines are not all the profile's)
+    return _deploy_local.teardown(types.SimpleNamespace(engine=args.engine), out)
 
 
 MODULES = {"fake-pass": Fake("fake-pass", _pass), "perf": Fake("perf", _pass), "fake-fail": Fake("fake-fail", _fail),
@@ -78,9 +79,12 @@ def main(argv):
         (Path(argv[argv.index("--out") + 1])).mkdir(parents=True, exist_ok=True)
         time.sleep(120)                                          # the exit handler has started, nothing released yet
     p = argparse.ArgumentParser()
-    p.add_argument("--profile")
     p.add_argument("--out", required=True)
-    mod.add_arguments(p)
+    if hasattr(mod, "Options"):             # a real gate: its own flags (cleanup: its own --profile)
+        add_options(mod.Options, p)
+    else:
+        p.add_argument("--profile")
+        mod.add_arguments(p)
     return run_step(mod, p.parse_args(argv[2:]))
 
 
