@@ -6,7 +6,7 @@ exit handler. A task's phase follows Argo: ``Omitted`` when its depends is
 false, ``Skipped`` when its when is false, ``Failed`` when the step exits
 non-zero, else ``Succeeded``; an engine sequence (a DAG call) fails when one of
 its tasks fails. The exit handler always runs, also on Ctrl-C, and then
-:func:`gauntlet.steps._deploy_local.stop_all` guarantees no engine outlives the run.
+:meth:`gauntlet.steps.backends.Backend.stop_all` guarantees no engine outlives the run.
 """
 
 from __future__ import annotations
@@ -452,8 +452,8 @@ def _run_id() -> str:
 
 def run_local(profile: Profile, args: argparse.Namespace) -> int:
     """`gauntlet run`: the whole graph for ``profile`` on this machine; 0 when no gate failed."""
-    from gauntlet.steps._deploy_local import stop_all
-    from gauntlet.steps._janitor_local import clear_runner, mark_runner, sweep
+    from gauntlet.steps.backends import BACKENDS
+    local = BACKENDS["local"]
 
     graph = build_graph(profile)
     run_id = getattr(args, "run_id", None) or _run_id()
@@ -469,13 +469,13 @@ def run_local(profile: Profile, args: argparse.Namespace) -> int:
     runner = Runner(graph, profile_file, run_dir, params, gates=gates, **getattr(args, "runner_overrides", {}))
     runner.say(f"run {run_id}: profile {profile.name}, evidence in {run_dir}")
     # the local janitor: engines of earlier runs whose runner was killed (kill -9) are stopped first
-    _, swept = sweep(run_dir.parent, run_dir / ".janitor", exclude=run_dir)
+    _, swept = local.janitor(run_dir / ".janitor", runs_dir=run_dir.parent, exclude=run_dir)
     for name, what in swept["released"].items():
         runner.say(f"janitor: run {name}'s runner is gone; stopped its engines {what['stopped']}")
-    mark_runner(run_dir)
+    local.mark_runner(run_dir)
     status = runner.run()
-    stopped = stop_all(run_dir)
-    clear_runner(run_dir)
+    stopped = local.stop_all(run_dir)
+    local.clear_runner(run_dir)
     if stopped:
         runner.say(f"stopped {len(stopped)} engine group(s) the gates left running: {stopped}")
     wall = time.monotonic() - runner.t0

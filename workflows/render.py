@@ -261,8 +261,8 @@ def _dag(profile: Profile, images: dict[str, ImageRef], dag: Dag, prefix: str) -
 
 
 def _rbac(profile: Profile) -> list[dict[str, Any]]:
-    from gauntlet.steps._k8s.rbac import janitor_manifests, role_manifests
-    return role_manifests(profile.namespace, profile.service_account) + janitor_manifests(profile.namespace)
+    from gauntlet.steps.backends import BACKENDS
+    return BACKENDS["kubernetes"].access_manifests(profile)
 
 
 def _profile_configmap(profile: Profile, images: dict[str, ImageRef]) -> dict[str, Any]:
@@ -331,7 +331,8 @@ def _cron(profile: Profile, graph: Graph) -> CronWorkflow:
 def _janitor(profile: Profile, images: dict[str, ImageRef]) -> CronWorkflow:
     """Every few minutes: release what labelled runs left behind once their workflow is gone or long
     finished (`argo terminate` skips the exit handler; a controller restart or a lost pod can too)."""
-    from gauntlet.steps._k8s.rbac import JANITOR_ACCOUNT
+    from gauntlet.steps.backends import BACKENDS
+    janitor_account = BACKENDS["kubernetes"].janitor_account
     labels = {"app.kubernetes.io/part-of": "gauntlet"}
     out = "/runs/janitor/{{workflow.name}}"
     c = Container(
@@ -350,7 +351,7 @@ def _janitor(profile: Profile, images: dict[str, ImageRef]) -> CronWorkflow:
         name=janitor_name(), namespace=profile.namespace, labels=labels,
         schedules=[JANITOR_SCHEDULE], concurrency_policy="Forbid", starting_deadline_seconds=300,
         successful_jobs_history_limit=3, failed_jobs_history_limit=10,
-        entrypoint="janitor", templates=[c], service_account_name=JANITOR_ACCOUNT,
+        entrypoint="janitor", templates=[c], service_account_name=janitor_account,
         arguments=[Parameter(name="grace", value=JANITOR_GRACE,
                              description="release a run's objects once its workflow finished this long ago")],
         volumes=[m.Volume(name="runs", persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(
