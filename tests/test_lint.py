@@ -112,7 +112,17 @@ def zero_digest_init(wt):
     t["initContainers"][0]["image"] = "local/steps@sha256:" + "0" * 64
 
 
+def depends_syntax(wt):
+    _task(wt, "main", "network")["depends"] = "nodes-0.Succeeded && (nodes-1.Succeeded"
+
+
+def when_syntax(wt):
+    _task(wt, "main", "sglang")["when"] = "'{{workflow.parameters.engines}}' =~"
+
+
 MISTAKES = {
+    "depends_syntax": (depends_syntax, "depends-syntax"),
+    "when_syntax": (when_syntax, "when-syntax"),
     "relative_host_path": (relative_host_path, "hostpath-absolute"),
     "zero_digest": (zero_digest, "image-digest"),
     "zero_digest_init": (zero_digest_init, "image-digest"),

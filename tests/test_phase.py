@@ -9,12 +9,13 @@ from gauntlet.workflows.graph import build_graph
 from gauntlet.workflows.phase import dag_phase, targets
 
 
-def tasks_of(profile: str, dag: str = "main") -> dict[str, str | None]:
-    g = build_graph(load_profile(profile))
-    return {t.name: t.depends for t in g.dag(dag).tasks}
+def tasks_of(profile: str, dag: str = "main") -> dict[str, tuple[str, ...]]:
+    p = load_profile(profile)
+    g = build_graph(p, "argo" if p.hardware.kind == "kubernetes" else "local")
+    return {t.name: t.upstream for t in g.dag(dag).tasks}
 
 
-def all_ok(tasks: dict[str, str | None]) -> dict[str, str]:
+def all_ok(tasks: dict[str, tuple[str, ...]]) -> dict[str, str]:
     return {n: "Succeeded" for n in tasks}
 
 
@@ -47,19 +48,24 @@ def test_skipped_tasks_inherit_success():
 
 
 def test_a_failed_branch_wins_over_a_succeeded_one_at_the_same_leaf():
-    t = {"a": None, "b": None, "leaf": "a.Succeeded && b.Succeeded"}
+    t = {"a": (), "b": (), "leaf": ("a", "b")}
     assert dag_phase(t, {"a": "Succeeded", "b": "Failed", "leaf": "Omitted"}) == "Failed"
     assert dag_phase(t, {"a": "Succeeded", "b": "Succeeded", "leaf": "Succeeded"}) == "Succeeded"
 
 
 def test_target_overrides_leaves():
-    t = {"a": None, "b": "a.Succeeded || a.Failed"}
+    t = {"a": (), "b": ("a",)}
     assert dag_phase(t, {"a": "Failed", "b": "Succeeded"}) == "Succeeded"
     assert dag_phase(t, {"a": "Failed", "b": "Succeeded"}, target="a b") == "Failed"
 
 
 def test_error_is_kept():
-    assert dag_phase({"a": None}, {"a": "Error"}) == "Error"
+    assert dag_phase({"a": ()}, {"a": "Error"}) == "Error"
+
+
+def test_a_dependency_outside_the_dag_is_refused():
+    with pytest.raises(ValueError, match="not in the DAG"):
+        dag_phase({"a": ("zzz",)}, {"a": "Succeeded"})
 
 
 def test_the_local_runner_judges_the_workflow_as_argo_does(tmp_path):
@@ -67,12 +73,12 @@ def test_the_local_runner_judges_the_workflow_as_argo_does(tmp_path):
     the nightly is Failed only because its report fails on the regression (steps/report_step.py)."""
     from test_runner import make_runner
 
-    from gauntlet.workflows.graph import Dag, Graph, Task
+    from gauntlet.workflows.graph import SUCCEEDED_OR_FAILED, Dag, Graph, Need, Task
 
     def graph(report_step: str) -> Graph:
         main = Dag("main", (Task("regress", step="fake-fail", gate="report"),
                             Task("report", step=report_step, gate="report",
-                                 depends="regress.Succeeded || regress.Failed")))
+                                 depends=(Need("regress", SUCCEEDED_OR_FAILED),))))
         return Graph("t", main, (), Task("cleanup", step="cleanup", gate="exit"), {})
 
     passing = make_runner(tmp_path / "a", graph("fake-pass"))

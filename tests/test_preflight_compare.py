@@ -102,13 +102,15 @@ def test_missing_or_broken_evidence_is_a_failed_check(nodes, tmp_path):
 
 
 def test_graph_fans_preflight_out_per_node_and_joins_with_compare():
-    from gauntlet.workflows.graph import build_graph
-    main_dag = build_graph(KIMI).main
+    from gauntlet.workflows.graph import Need, build_graph
+    main_dag = build_graph(KIMI, "argo").main
     pre = [t for t in main_dag.tasks if t.step == "preflight"]
     assert [t.node for t in pre] == [n.name for n in KIMI.hardware.nodes] and all(t.gpus == 0 for t in pre)
     cmp = main_dag.task("preflight-compare")
-    assert cmp.depends == " && ".join(f"{t.name}.Succeeded" for t in pre)
+    assert cmp.depends == tuple(Need(t.name, ("Succeeded",)) for t in pre)
     assert [a.rsplit("/", 1)[-1] for a in cmp.args[1:]] == [t.name for t in pre]
-    local = build_graph(load_profile("local-cpu")).main
-    assert local.tasks[0].name == "prewarm" and local.tasks[0].step == "prewarm" and local.tasks[0].local_only
-    assert local.task("preflight").depends == "prewarm.Succeeded"
+    local = build_graph(load_profile("local-cpu"), "local").main
+    assert local.tasks[0].name == "prewarm" and local.tasks[0].step == "prewarm" and local.tasks[0].when is None
+    assert local.task("preflight").depends == (Need("prewarm", ("Succeeded",)),)
+    # the argo graph's prewarm is per node and optional (the `prewarm` parameter); the local one always runs
+    assert [t.name for t in main_dag.tasks if t.step == "prewarm"] == [f"prewarm-{i}" for i in range(len(pre))]

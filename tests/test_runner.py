@@ -1,4 +1,5 @@
-"""The local runner: Argo's depends/when semantics (table-driven), and real runs of a tiny graph.
+"""The local runner: Argo's depends/when string semantics (table-driven, the oracle the graph's
+structures are held against in test_graph.py), and real runs of a tiny graph.
 
 The graph runs real subprocess steps through tests/fakes/fake_cli.py, which executes fake
 gates and the real cleanup step under the real evidence contract (steps._runner).
@@ -9,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,8 +20,9 @@ import pytest
 
 from gauntlet.steps._deploy_local import find_labelled
 from gauntlet.steps._engine_local import group_members
-from gauntlet.workflows.conditions import ExpressionError, eval_depends, eval_when, references, substitute
-from gauntlet.workflows.graph import Dag, Graph, Task, build_graph
+from gauntlet.workflows import refs
+from gauntlet.workflows.conditions import ExpressionError, eval_depends, eval_when
+from gauntlet.workflows.graph import SUCCEEDED_OR_SKIPPED, Dag, Graph, Need, Task, When
 from gauntlet.workflows.local import Runner, output_default, write_summary
 
 FAKES = Path(__file__).parent / "fakes"
@@ -108,12 +109,14 @@ def test_when_errors(expr: str, msg: str) -> None:
 
 
 def test_substitute() -> None:
-    vals = {"workflow.parameters.engines": "both", "tasks.perf.outputs.parameters.unlock_c4": "true"}
-    assert substitute("'{{workflow.parameters.engines}}' =~ 'vllm|both'", vals) == "'both' =~ 'vllm|both'"
-    assert substitute("{{ tasks.perf.outputs.parameters.unlock_c4 }} == true", vals) == "true == true"
-    assert references("{{a}} x {{b.c}}") == ["a", "b.c"]
-    with pytest.raises(ExpressionError, match="unresolved reference"):
-        substitute("{{inputs.parameters.engine}}", vals)
+    vals = {refs.parameter("engines"): "both", refs.output("perf", "unlock_c4"): "true"}
+    assert refs.substitute("'{{workflow.parameters.engines}}' =~ 'vllm|both'", vals) == "'both' =~ 'vllm|both'"
+    assert refs.substitute("{{ tasks.perf.outputs.parameters.unlock_c4 }} == true", vals) == "true == true"
+    assert refs.find("{{a}} x {{b.c}}") == ["a", "b.c"]
+    with pytest.raises(refs.RefError, match="unresolved reference"):
+        refs.substitute("{{inputs.parameters.engine}}", vals)
+    with pytest.raises(refs.RefError, match="unsupported reference"):
+        refs.substitute("{{item}}", vals)
 
 
 def test_output_defaults_match_the_argo_renderer() -> None:
@@ -122,47 +125,36 @@ def test_output_defaults_match_the_argo_renderer() -> None:
     assert output_default("endpoint") == ""
 
 
-def test_real_graph_expressions_all_parse() -> None:
-    """Every depends/when of the local profile's graph evaluates (no syntax the runner cannot read)."""
-    from gauntlet.params import load_profile
-    g = build_graph(load_profile("local-cpu"))
-    for dag in g.dags:
-        phases = {t.name: "Succeeded" for t in dag.tasks}
-        for t in dag.tasks:
-            assert eval_depends(t.depends, phases) is True, t.name
-            if t.when:
-                w = re.sub(r"\{\{[^}]+\}\}", "true", t.when)
-                eval_when(w)
-
-
 # ------------------------------------------------------------------ real runs of a fake graph
 
 def fake_graph(fail_at: str | None = "smoke") -> Graph:
-    eng = "{{inputs.parameters.engine}}"
+    eng = str(refs.input_param("engine"))
     seq = Dag("engine-sequence", (
         Task("deploy", step="fake-engine", gate="gate2", args=("--engine", eng), outputs=("endpoint",)),
         Task("smoke", step="fake-fail" if fail_at == "smoke" else "fake-pass", gate="gate3",
-             args=("--endpoint", "{{tasks.deploy.outputs.parameters.endpoint}}"), depends="deploy.Succeeded",
+             args=("--endpoint", str(refs.output("deploy", "endpoint"))), depends=(Need("deploy"),),
              outputs=("unlock_more",)),
-        Task("perf", step="fake-pass", gate="gate4", depends="smoke.Succeeded"),
-        Task("perf-more", step="fake-pass", gate="gate4", depends="perf.Succeeded",
-             when="{{tasks.smoke.outputs.parameters.unlock_more}} == true"),
-        Task("teardown", step="fake-teardown", gate="gate2", depends="(perf-more.Succeeded || perf-more.Skipped)",
+        Task("perf", step="fake-pass", gate="gate4", depends=(Need("smoke"),)),
+        Task("perf-more", step="fake-pass", gate="gate4", depends=(Need("perf"),),
+             when=When.equals(refs.output("smoke", "unlock_more"), True)),
+        Task("teardown", step="fake-teardown", gate="gate2", depends=(Need("perf-more", SUCCEEDED_OR_SKIPPED),),
              args=("--engine", eng)),
     ), inputs=("engine",))
     main = Dag("main", (
-        Task("preflight", step="fake-pass", gate="gate0"),
-        Task("cluster-thing", step="fake-pass", gate="gate1", cluster_only=True),
+        Task("preflight", step="fake-pass", gate="gate0", outputs=("unlock_extra",)),   # never written: false
+        Task("extra", step="fake-pass", gate="gate1", when=When.equals(refs.output("preflight", "unlock_extra"), True)),
         Task("vllm", dag="engine-sequence", gate="gate2-6", inputs={"engine": "vllm"},
-             depends="preflight.Succeeded && (cluster-thing.Succeeded || cluster-thing.Skipped)",
-             when="'{{workflow.parameters.engines}}' =~ 'vllm|both'"),
+             depends=(Need("preflight"), Need("extra", SUCCEEDED_OR_SKIPPED)),
+             when=When.one_of(refs.parameter("engines"), "vllm", "both")),
         Task("sglang", dag="engine-sequence", gate="gate7", inputs={"engine": "sglang"},
-             depends="(vllm.Succeeded || vllm.Skipped)", when="'{{workflow.parameters.engines}}' =~ 'sglang|both'"),
-        Task("report", step="fake-pass", gate="report", depends="(sglang.Succeeded || sglang.Skipped)"),
-        Task("missing", step="perf", gate="gate4", depends="report.Succeeded"),
+             depends=(Need("vllm", SUCCEEDED_OR_SKIPPED),),
+             when=When.one_of(refs.parameter("engines"), "sglang", "both")),
+        Task("report", step="fake-pass", gate="report", depends=(Need("sglang", SUCCEEDED_OR_SKIPPED),)),
+        Task("missing", step="perf", gate="gate4", depends=(Need("report"),)),
     ))
     exit_handler = Task("cleanup", step="cleanup", gate="exit",
-                        args=("--workflow-status", "{{workflow.status}}", "--failures", "{{workflow.failures}}"))
+                        args=("--workflow-status", str(refs.workflow("status")),
+                              "--failures", str(refs.workflow("failures"))))
     return Graph("fake", main, (seq,), exit_handler, {})
 
 
@@ -186,7 +178,7 @@ def test_failing_gate_stops_later_gates_and_exit_handler_runs(tmp_path: Path) ->
     assert status == "Failed"
     p = phases(r)
     assert p["preflight"] == "Succeeded"
-    assert p["cluster-thing"] == "Skipped"
+    assert p["extra"] == "Skipped"
     assert p["vllm/deploy"] == "Succeeded"
     assert p["vllm/smoke"] == "Failed"
     assert p["vllm/perf"] == "Omitted" and p["vllm/perf-more"] == "Omitted" and p["vllm/teardown"] == "Omitted"
@@ -236,7 +228,7 @@ def test_when_false_skips_and_engines_parameter(tmp_path: Path) -> None:
     p = phases(r)
     assert p["vllm"] == "Skipped" and p["sglang"] == "Succeeded" and p["missing"] == "Succeeded"
     reason = next(x.reason for x in r.results if x.path == "vllm")
-    assert "'sglang' =~ 'vllm|both'" in reason
+    assert reason == "when false: workflow.parameters.engines one of vllm|both (is 'sglang')"
 
 
 def test_summary_lists_each_gate(tmp_path: Path) -> None:
@@ -246,8 +238,9 @@ def test_summary_lists_each_gate(tmp_path: Path) -> None:
             "in_steps_s": 9.5, "overhead_s": 0.5, "overhead_pct": 5.0, "stopped_engines": []}
     text = write_summary(r.run_dir, meta, r.results).read_text()
     assert "| gate3 | `vllm/smoke` | Failed | fail |" in text
-    assert "depends not met: smoke.Succeeded" in text
-    assert "cluster-only task" in text
+    assert "| gate4 | `vllm/perf` | Omitted | - | 0.0 s | depends not met: smoke is Failed, needs Succeeded |" in text
+    assert "| gate1 | `extra` | Skipped | - | 0.0 s | when false: tasks.preflight.outputs.parameters.unlock_extra " \
+           "== true (is 'false') |" in text
     assert "**answer** (fail): wrong answer" in text
 
 

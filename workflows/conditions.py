@@ -1,12 +1,15 @@
-"""Argo's ``depends`` and ``when`` expressions, evaluated locally (pure functions).
+"""Argo's ``depends`` and ``when`` expression strings, parsed (pure functions).
 
-The local runner must decide exactly as Argo does, so both languages are
-parsed here rather than approximated:
+The graph states its conditions as data (:class:`~gauntlet.workflows.graph.Need`,
+:class:`~gauntlet.workflows.graph.When`) and the local runner evaluates those; this parser
+is for strings: lint checks rendered or hand-written documents with it
+(:func:`depends_tasks`, :func:`check_when`), and the tests hold the structures' evaluation
+against Argo's semantics with it. Both languages are parsed rather than approximated:
 
 - ``depends``: ``task.Succeeded|Failed|Errored|Skipped|Omitted|Daemoned`` (and
   ``AnySucceeded``/``AllFailed``), a bare ``task`` meaning
   ``Succeeded || Skipped || Daemoned``, with ``!``, ``&&``, ``||`` and parentheses.
-- ``when`` (after :func:`substitute`): operands are quoted strings, numbers,
+- ``when`` (references substituted first, :func:`gauntlet.workflows.refs.substitute`): operands are quoted strings, numbers,
   ``true``/``false`` or bare words, compared with ``==``, ``!=``, ``=~``, ``!~``
   (regex search, like govaluate), combined with ``!``, ``&&``, ``||``, parentheses.
 
@@ -18,32 +21,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-__all__ = ["ExpressionError", "PHASES", "substitute", "references", "eval_depends", "eval_when"]
+from gauntlet.workflows import refs
+from gauntlet.workflows.graph import PHASES
 
-PHASES = ("Succeeded", "Failed", "Errored", "Skipped", "Omitted", "Daemoned")
+__all__ = ["ExpressionError", "eval_depends", "eval_when", "depends_tasks", "check_when"]
+
 _PROPS = {**{p: (p,) for p in PHASES}, "AnySucceeded": ("Succeeded",), "AllFailed": ("Failed", "Errored")}
-_REF = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 
 
 class ExpressionError(ValueError):
     """An expression that does not parse, or names something unknown."""
-
-
-def references(text: str) -> list[str]:
-    """The ``{{...}}`` references in ``text``, in order."""
-    return _REF.findall(text)
-
-
-def substitute(text: str, values: Mapping[str, str] | Callable[[str], str | None]) -> str:
-    """Replace every ``{{ref}}`` by its value; an unknown reference raises ExpressionError."""
-    lookup = values if callable(values) else values.get
-
-    def sub(m: re.Match[str]) -> str:
-        v = lookup(m.group(1))
-        if v is None:
-            raise ExpressionError(f"unresolved reference {{{{{m.group(1)}}}}} in {text!r}")
-        return str(v)
-    return _REF.sub(sub, text)
 
 
 # ------------------------------------------------------------------ tokenizer shared by both languages
@@ -133,18 +120,24 @@ class _Parser:
 
 # ------------------------------------------------------------------ depends
 
+def _depends_term(p: _Parser) -> tuple[str, str]:
+    """(task, property) of the next ``task.Property`` or bare ``task``; property "" when bare."""
+    kind, word = p.take()
+    if kind != "word":
+        raise ExpressionError(f"expected a task name in {p.expr!r}, got {word!r}")
+    task, _, prop = word.rpartition(".") if "." in word else (word, "", "")
+    if prop and prop not in _PROPS:
+        task, prop = word, ""            # a dotted task name without a property
+    return task, prop
+
+
 def eval_depends(expr: str | None, phases: Mapping[str, str]) -> bool:
     """Is ``expr`` true given each task's phase (``{"deploy": "Succeeded", ...}``)? None is true."""
     if expr is None or not expr.strip():
         return True
 
     def atom(p: _Parser) -> bool:
-        kind, word = p.take()
-        if kind != "word":
-            raise ExpressionError(f"expected a task name in {p.expr!r}, got {word!r}")
-        task, dot, prop = word.rpartition(".") if "." in word else (word, "", "")
-        if prop and prop not in _PROPS:
-            task, prop = word, ""        # a dotted task name without a property
+        task, prop = _depends_term(p)
         if task not in phases:
             raise ExpressionError(f"depends {p.expr!r} names task {task!r}, which has no result "
                                   f"(known: {', '.join(sorted(phases)) or 'none'})")
@@ -180,8 +173,8 @@ def eval_when(expr: str | None) -> bool:
     """Is a substituted ``when`` expression true? None is true."""
     if expr is None or not expr.strip():
         return True
-    if references(expr):
-        raise ExpressionError(f"when {expr!r} still holds references; substitute() first")
+    if refs.find(expr):
+        raise ExpressionError(f"when {expr!r} still holds references; substitute them first")
 
     def atom(p: _Parser) -> bool:
         kind, text = p.take()
@@ -207,3 +200,27 @@ def eval_when(expr: str | None) -> bool:
         same = _as_text(lhs) == _as_text(rhs) if type(lhs) is not type(rhs) else lhs == rhs
         return same if op == "==" else not same
     return _Parser(expr, atom).parse()
+
+
+# ------------------------------------------------------------------ lint
+
+def depends_tasks(expr: str | None) -> list[str]:
+    """The task names a ``depends`` expression mentions, in order; ExpressionError when it does not parse."""
+    names: list[str] = []
+
+    def atom(p: _Parser) -> bool:
+        task, _ = _depends_term(p)
+        if task not in names:
+            names.append(task)
+        return True
+    if expr is not None and expr.strip():
+        _Parser(expr, atom).parse()
+    return names
+
+
+def check_when(expr: str | None) -> None:
+    """ExpressionError when a ``when`` expression would not evaluate, whatever its references hold.
+
+    Each reference stands in as ``true``: a boolean where it is unquoted, text where it is quoted."""
+    if expr is not None and expr.strip():
+        eval_when(refs.fill(expr, "true"))

@@ -23,6 +23,9 @@ from collections.abc import Iterable
 
 import yaml
 
+from gauntlet.workflows import refs
+from gauntlet.workflows.conditions import ExpressionError, check_when, depends_tasks
+
 __all__ = ["Finding", "lint_documents", "lint_paths", "lint_profile", "print_findings", "schema_path",
            "K8S_VERSION"]
 
@@ -35,8 +38,6 @@ ARGO_KINDS = {
 }
 _TASK_NAME = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]*$")
 _ZERO_DIGEST = re.compile(r"@sha256:0{64}$")          # a placeholder, never an image
-_REF = re.compile(r"\{\{\s*([^}]+?)\s*\}\}")
-_DEP_TOKEN = re.compile(r"([A-Za-z0-9_-]+)(?:\.(Succeeded|Failed|Errored|Skipped|Omitted|Daemoned|AnySucceeded|AllFailed))?")
 _GLOBAL_VARS = {"workflow.uid", "workflow.name", "workflow.namespace", "workflow.status", "workflow.failures",
                 "workflow.serviceAccountName", "workflow.creationTimestamp", "workflow.duration",
                 "workflow.mainEntrypoint", "workflow.priority", "workflow.scheduledTime"}
@@ -107,12 +108,11 @@ def _schema_findings(name: str, doc: dict[str, Any]) -> list[Finding]:
 # --- semantic rules (what Argo's validator checks beyond the schema) --------------------------------------
 
 def _depends_names(expr: str) -> list[str]:
-    cleaned = re.sub(r"(&&|\|\||!|\(|\))", " ", expr)
-    names = []
-    for tok in cleaned.split():
-        mt = _DEP_TOKEN.fullmatch(tok)
-        names.append(mt.group(1) if mt else tok)
-    return names
+    """The tasks a depends expression names; none when it does not parse (its own finding says so)."""
+    try:
+        return depends_tasks(expr)
+    except ExpressionError:
+        return []
 
 
 def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -231,6 +231,14 @@ def _dag_findings(name: str, tpath: str, t: dict[str, Any], by_name: dict[str, A
         ref = task.get("template")
         if ref is not None and ref not in by_name:
             f.append(Finding(name, f"{p}.template", "template-ref", f"template {ref!r} does not exist"))
+        try:
+            depends_tasks(task.get("depends"))
+        except ExpressionError as exc:
+            f.append(Finding(name, f"{p}.depends", "depends-syntax", str(exc)))
+        try:
+            check_when(task.get("when"))
+        except ExpressionError as exc:
+            f.append(Finding(name, f"{p}.when", "when-syntax", str(exc)))
         deps = _depends_names(task.get("depends", "") or "") + list(task.get("dependencies", []) or [])
         for d in deps:
             if d not in task_by:
@@ -281,8 +289,8 @@ def _ref_findings(name: str, base: str, node: dict[str, Any], inputs: set[str], 
     f: list[Finding] = []
     scan = {k: v for k, v in node.items() if k != "dag"} if tasks is None else node
     for path, s in _walk_strings(scan, base):
-        for mt in _REF.finditer(s):
-            ref = mt.group(1)
+        for ref in refs.find(s):
+            braced = refs.braced(ref)
             if ref in _GLOBAL_VARS or ref.startswith(("item", "pod.", "node.", "retries", "lastRetry",
                                                        "steps.", "workflow.labels.", "workflow.annotations.",
                                                        "workflow.outputs.", "=")):
@@ -290,34 +298,34 @@ def _ref_findings(name: str, base: str, node: dict[str, Any], inputs: set[str], 
             if ref.startswith("workflow.parameters."):
                 pn = ref.split(".", 2)[2]
                 if pn not in wparams:
-                    f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: no workflow parameter {pn!r}"))
+                    f.append(Finding(name, path, "param-ref", f"{braced}: no workflow parameter {pn!r}"))
             elif ref.startswith("inputs.parameters."):
                 pn = ref.split(".", 2)[2]
                 if pn not in inputs:
-                    f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: the template has no input {pn!r}"))
+                    f.append(Finding(name, path, "param-ref", f"{braced}: the template has no input {pn!r}"))
             elif ref.startswith("inputs.artifacts."):
                 continue
             elif ref.startswith("tasks."):
                 parts = ref.split(".")
                 if tasks is None:
-                    f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: tasks.* only resolves in a DAG task"))
+                    f.append(Finding(name, path, "param-ref", f"{braced}: tasks.* only resolves in a DAG task"))
                     continue
                 task_by, by_name, ancestors = tasks
                 tn = parts[1]
                 if tn not in task_by:
-                    f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: no task {tn!r} in this DAG"))
+                    f.append(Finding(name, path, "param-ref", f"{braced}: no task {tn!r} in this DAG"))
                     continue
                 if len(parts) >= 5 and parts[2] == "outputs" and parts[3] == "parameters":
                     called = by_name.get(task_by[tn].get("template"))
                     outs = _outputs_of(called, by_name) if called else set()
                     if parts[4] not in outs:
                         f.append(Finding(name, path, "output-ref",
-                                         f"{{{{{ref}}}}}: task {tn!r} declares no output parameter {parts[4]!r}"))
+                                         f"{braced}: task {tn!r} declares no output parameter {parts[4]!r}"))
                     if tn not in ancestors:
                         f.append(Finding(name, path, "output-ref",
-                                         f"{{{{{ref}}}}}: task {tn!r} is not upstream of this task (add it to depends)"))
+                                         f"{braced}: task {tn!r} is not upstream of this task (add it to depends)"))
             else:
-                f.append(Finding(name, path, "param-ref", f"{{{{{ref}}}}}: unknown variable"))
+                f.append(Finding(name, path, "param-ref", f"{braced}: unknown variable"))
     return f
 
 

@@ -1,9 +1,10 @@
 """The local back end: walk the gate graph and run each gate as a `gauntlet step` subprocess.
 
-Same graph (:func:`gauntlet.workflows.graph.build_graph`), same commands as the Argo
-containers, same ``depends``/``when`` rules (:mod:`gauntlet.workflows.conditions`), same
-exit handler. A task's phase follows Argo: ``Omitted`` when its depends is
-false, ``Skipped`` when its when is false, ``Failed`` when the step exits
+The graph built for this back end (:func:`gauntlet.workflows.graph.build_graph` with ``"local"``;
+the box replays the ``"argo"`` one), the same commands as the Argo containers, the same conditions
+evaluated from the graph's structures (:meth:`~gauntlet.workflows.graph.Need.met`,
+:meth:`~gauntlet.workflows.graph.When.holds`), the same exit handler. A task's phase follows Argo:
+``Omitted`` when a need is not met, ``Skipped`` when its when is false, ``Failed`` when the step exits
 non-zero, else ``Succeeded``; an engine sequence (a DAG call) fails when one of
 its tasks fails. The exit handler always runs, also on Ctrl-C, and then
 :meth:`gauntlet.steps.backends.Backend.stop_all` guarantees no engine outlives the run.
@@ -26,10 +27,11 @@ from typing import Any
 
 from gauntlet.params import Profile, profile_path
 from gauntlet.steps import STEPS
-from gauntlet.contract import now_iso, write_json_atomic
-from gauntlet.workflows.conditions import ExpressionError, eval_depends, eval_when, substitute
+from gauntlet.contract import EXIT_TRANSIENT, now_iso, write_json_atomic
+from gauntlet.workflows import refs
+from gauntlet.workflows.graph import (ENGINE_SEQUENCE, RETRY_LIMIT, ConditionError, Dag, Graph, Task,
+                                      build_graph)
 from gauntlet.workflows.phase import dag_phase
-from gauntlet.workflows.graph import ENGINE_SEQUENCE, RETRY_LIMIT, TRANSIENT_EXIT, Dag, Graph, Task, build_graph
 
 __all__ = ["run_local", "Runner", "TaskResult", "output_default", "write_summary"]
 
@@ -72,10 +74,8 @@ class Runner:
     def __init__(self, graph: Graph, profile_file: Path, run_dir: Path, parameters: dict[str, str], *,
                  python: str = sys.executable, cli: str = "gauntlet.workflows.cli", steps: dict[str, str] | None = None,
                  gates: set[str] | None = None, stream=sys.stdout, cwd: Path | None = None,
-                 env: dict[str, str] | None = None, run_cluster_only: bool = False):
+                 env: dict[str, str] | None = None):
         self.graph, self.profile_file, self.run_dir = graph, profile_file, run_dir
-        # the conformance tests walk a cluster profile's graph locally with every step played
-        self.run_cluster_only = run_cluster_only
         self.params = parameters
         self.python, self.cli, self.steps, self.gates, self.stream = python, cli, steps or STEPS, gates, stream
         self.cwd, self.env = cwd, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -93,21 +93,18 @@ class Runner:
     # ----------------------------------------------------------- references
 
     def _lookup(self, scope: dict[str, Any]):
-        def get(ref: str) -> str | None:
-            parts = ref.split(".")
-            if parts[0] == "workflow" and len(parts) == 3 and parts[1] == "parameters":
-                return self.params.get(parts[2])
-            if parts[0] == "workflow" and len(parts) == 2:
-                return scope["workflow"].get(parts[1])
-            if parts[0] == "inputs" and len(parts) == 3 and parts[1] == "parameters":
-                return scope["inputs"].get(parts[2])
-            if parts[0] == "tasks" and len(parts) == 5 and parts[2:4] == ["outputs", "parameters"]:
-                out = scope["outs"].get(parts[1])
-                if out is None:
-                    return None
-                f = Path(out) / "outputs" / parts[4]
-                return f.read_text().strip() if f.is_file() else output_default(parts[4])
-            return None
+        def get(ref: refs.Ref) -> str | None:
+            if ref.kind == "parameter":
+                return self.params.get(ref.name)
+            if ref.kind == "workflow":
+                return scope["workflow"].get(ref.name)
+            if ref.kind == "input":
+                return scope["inputs"].get(ref.name)
+            out = scope["outs"].get(ref.task)
+            if out is None:
+                return None
+            f = Path(out) / "outputs" / ref.name
+            return f.read_text().strip() if f.is_file() else output_default(ref.name)
         return get
 
     # ----------------------------------------------------------- the walk
@@ -135,7 +132,7 @@ class Runner:
             if res is None:                              # it runs
                 if task.dag:
                     sub = self.graph.dag(task.dag)
-                    sub_inputs = {k: substitute(v, self._lookup(scope)) for k, v in task.inputs.items()}
+                    sub_inputs = {k: refs.substitute(v, self._lookup(scope)) for k, v in task.inputs.items()}
                     seg = sub_inputs.get("engine", task.name) if sub.name == ENGINE_SEQUENCE else task.name
                     self.say(f"{task.gate} {task.name}: start ({', '.join(f'{k}={v}' for k, v in sub_inputs.items())})")
                     t = time.monotonic()
@@ -153,7 +150,7 @@ class Runner:
             if self.interrupted:
                 raise Interrupted()
         # Argo judges a DAG by its leaf tasks, not by whether any task failed (workflows/phase.py)
-        return dag_phase({t.name: t.depends for t in dag.tasks}, phases)
+        return dag_phase({t.name: t.upstream for t in dag.tasks}, phases)
 
     def _mark_unreached(self, dag: Dag, prefix: str) -> None:
         """After an interrupt: every task the walk never reached shows as Omitted, with why."""
@@ -176,17 +173,19 @@ class Runner:
             self.say(f"{task.gate} {prefix}{task.name}: {phase.lower()} ({reason})")
             return r
 
-        if task.cluster_only and not self.run_cluster_only:
-            return skip("Skipped", "cluster-only task: the local back end has no such resource")
-        try:
-            if not eval_depends(task.depends, phases):
-                return skip("Omitted", f"depends not met: {task.depends}")
-            when = substitute(task.when, self._lookup(scope)) if task.when else None
-            if when is not None and not eval_when(when):
-                return skip("Skipped", f"when false: {task.when} -> {when}")
-        except ExpressionError as exc:
-            r = skip("Failed", f"graph expression error: {exc}")
-            return r
+        unmet = [n for n in task.depends if not n.met(phases)]
+        if unmet:
+            return skip("Omitted", "depends not met: " + ", ".join(f"{n.task} is {phases[n.task]}, needs "
+                                                                  f"{' or '.join(n.phases)}" for n in unmet))
+        if task.when is not None:
+            value = self._lookup(scope)(task.when.subject)
+            try:
+                if value is None:
+                    raise ConditionError(f"{task.when.subject} has no value here")
+                if not task.when.holds(value):
+                    return skip("Skipped", f"when false: {task.when} (is {value!r})")
+            except ConditionError as exc:
+                return skip("Failed", f"graph condition error: {exc}")
         if self.gates is not None and task.step and not {task.name, task.step, task.gate} & self.gates:
             return skip("Skipped", "not selected by --gates")
         return None
@@ -195,7 +194,7 @@ class Runner:
         return {"uid": self.run_dir.name, "name": f"gauntlet-local-{self.run_dir.name}"}
 
     def _command(self, task: Task, out: Path, scope: dict[str, Any]) -> list[str]:
-        args = [substitute(a, self._lookup(scope)) for a in task.args]
+        args = [refs.substitute(a, self._lookup(scope)) for a in task.args]
         return [self.python, "-m", self.cli, "step", task.step, "--profile", str(self.profile_file),
                 "--out", str(out), *args]
 
@@ -206,8 +205,8 @@ class Runner:
         self.results.append(res)
         try:
             res.command = self._command(task, out, scope)
-        except ExpressionError as exc:
-            res.reason = f"graph expression error: {exc}"
+        except refs.RefError as exc:
+            res.reason = f"graph reference error: {exc}"
             self.say(f"{task.gate} {path}: FAILED ({res.reason})")
             return res
         module = self.steps.get(task.step or "")
@@ -225,10 +224,10 @@ class Runner:
                 log = out / ("step.log" if attempt == 0 else f"step.{attempt}.log")
                 res.exit_code = self._spawn(res.command, log, task.timeout_s or DEFAULT_TIMEOUT_S, path)
                 res.attempts.append(res.exit_code)
-                if res.exit_code != TRANSIENT_EXIT or attempt == RETRY_LIMIT:
+                if res.exit_code != EXIT_TRANSIENT or attempt == RETRY_LIMIT:
                     break
                 wait = self._backoff_s(attempt)
-                self.say(f"{task.gate} {path}: exit {TRANSIENT_EXIT} (transient), retry {attempt + 1}/"
+                self.say(f"{task.gate} {path}: exit {EXIT_TRANSIENT} (transient), retry {attempt + 1}/"
                          f"{RETRY_LIMIT} in {wait:.0f}s")
                 time.sleep(wait)
         except BaseException:
@@ -292,7 +291,7 @@ class Runner:
 
 
 def argo_failures(results: list[TaskResult], workflow: str, status: str) -> str:
-    """{{workflow.failures}} exactly as Argo's controller substitutes it (v4.0.5 operator.go).
+    """The workflow variable ``failures`` exactly as Argo's controller substitutes it (v4.0.5 operator.go).
 
     Every Failed/Error node, as JSON, quoted once more with strconv.Quote: each failed attempt of a
     step (``name(i)``), the step's retry node (``name``), each failed DAG (an engine sequence, and
@@ -455,7 +454,7 @@ def run_local(profile: Profile, args: argparse.Namespace) -> int:
     from gauntlet.steps.backends import BACKENDS
     local = BACKENDS["local"]
 
-    graph = build_graph(profile)
+    graph = build_graph(profile, "local")
     run_id = getattr(args, "run_id", None) or _run_id()
     run_dir = (Path(getattr(args, "runs_dir", None) or "runs") / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

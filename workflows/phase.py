@@ -15,38 +15,33 @@ The local runner uses this so both back ends agree on a workflow's phase.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
-
-from gauntlet.workflows.conditions import PHASES
+from collections.abc import Collection, Mapping
 
 __all__ = ["dag_phase", "targets", "COMPLETED"]
 
 COMPLETED = ("Succeeded", "Failed", "Error")
 
 
-def _deps(depends: str | None, names: Iterable[str]) -> set[str]:
-    """Task names a depends expression mentions (``a.Succeeded && (b.Succeeded || b.Skipped)``)."""
-    import re
-    known = set(names)
-    return {t for t in re.findall(r"[A-Za-z0-9][-A-Za-z0-9_]*", depends or "") if t in known and t not in PHASES}
-
-
-def targets(tasks: Mapping[str, str | None], target: str | None = None) -> list[str]:
+def targets(tasks: Mapping[str, Collection[str]], target: str | None = None) -> list[str]:
     """The DAG's targets: ``target`` split on spaces, else the tasks no other task depends on (sorted)."""
     if target:
         return target.split()
-    used = set().union(*(_deps(d, tasks) for d in tasks.values())) if tasks else set()
+    used = {d for ds in tasks.values() for d in ds}
     return sorted(n for n in tasks if n not in used)
 
 
-def dag_phase(tasks: Mapping[str, str | None], phases: Mapping[str, str], target: str | None = None) -> str:
+def dag_phase(tasks: Mapping[str, Collection[str]], phases: Mapping[str, str], target: str | None = None) -> str:
     """``Succeeded``, ``Failed`` or ``Error`` for a finished DAG.
 
-    ``tasks``: task name -> its depends expression (None for a root); ``phases``: task name ->
+    ``tasks``: task name -> the names of the tasks it depends on (empty for a root; a task's
+    :attr:`~gauntlet.workflows.graph.Task.upstream`); ``phases``: task name ->
     Succeeded/Failed/Error/Skipped/Omitted. A task with no phase (never reached) inherits, as an
     Omitted one does.
     """
-    deps = {n: _deps(d, tasks) for n, d in tasks.items()}
+    unknown = {d for ds in tasks.values() for d in ds} - set(tasks)
+    if unknown:
+        raise ValueError(f"depends on tasks not in the DAG: {sorted(unknown)}")
+    deps = {n: set(ds) for n, ds in tasks.items()}
     children: dict[str, list[str]] = {n: [] for n in tasks}
     for n, ds in deps.items():
         for d in ds:

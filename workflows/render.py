@@ -21,7 +21,6 @@ wait container fails to save it and the node ends in Error.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,17 @@ from gauntlet.steps import needs_of
 from gauntlet.params import load_images
 from gauntlet.params.loader import ImageRef
 from gauntlet.params.models import Profile
-from gauntlet.contract import UsageError
-from gauntlet.workflows.graph import ENGINE_SEQUENCE, Dag, Graph, build_graph
+from gauntlet.contract import EXIT_TRANSIENT, UsageError
+from gauntlet.workflows import refs
+from gauntlet.workflows.graph import ENGINE_SEQUENCE, Dag, Graph, Need, When, build_graph
 from gauntlet.workflows.graph import Task as GTask
 
 __all__ = ["render_documents", "render_profile", "template_name", "cron_name", "janitor_name", "RenderError",
-           "RUN_LABEL", "TRANSIENT_EXIT", "PROFILE_DIR", "JANITOR_SCHEDULE", "JANITOR_GRACE"]
+           "argo_depends", "argo_when",
+           "RUN_LABEL", "PROFILE_DIR", "JANITOR_SCHEDULE", "JANITOR_GRACE"]
 
 RUN_LABEL = "gauntlet.dev/run"
-TRANSIENT_EXIT = 75
-ARGO_RUN_DIR = "/runs/{{workflow.uid}}"
+ARGO_RUN_DIR = f"/runs/{refs.workflow('uid')}"
 CODE_DIR = "/opt/gauntlet"          # where the step image keeps the project (app/ + deps/)
 PROFILE_DIR = "/etc/gauntlet/profile"   # the rendered profile's ConfigMap, in every step pod
 IMAGES_KEY = "images.yaml"              # the pinned image list beside it ($GAUNTLET_IMAGES)
@@ -53,7 +53,6 @@ JANITOR_GRACE = "10m"
 
 class RenderError(UsageError):
     """The profile cannot become Argo documents that run; one line saying why and what to do."""
-_REF = re.compile(r"\{\{\s*([^}]+?)\s*\}\}")
 
 
 def template_name(profile: Profile) -> str:
@@ -74,7 +73,7 @@ def profile_configmap_name(profile: Profile) -> str:
 
 def _out_dir(dag: Dag, task: GTask) -> str:
     if dag.name == ENGINE_SEQUENCE:
-        return f"{ARGO_RUN_DIR}/{{{{inputs.parameters.engine}}}}/{task.name}"
+        return f"{ARGO_RUN_DIR}/{refs.input_param('engine')}/{task.name}"
     return f"{ARGO_RUN_DIR}/{task.name}"
 
 
@@ -84,20 +83,15 @@ def _localize(text: str, inputs: dict[str, str]) -> str:
     `tasks.*` and a DAG's `inputs.*` only resolve in the DAG's task arguments, so each
     becomes an input parameter of the container template, passed by the task.
     """
-    def sub(mt: re.Match[str]) -> str:
-        ref = mt.group(1)
-        if ref.startswith("workflow."):
-            return mt.group(0)
-        if ref.startswith("inputs.parameters."):
-            name = ref.split(".", 2)[2]
-        elif ref.startswith("tasks.") and ".outputs.parameters." in ref:
-            t, p = ref.split(".")[1], ref.split(".")[-1]
-            name = f"{t}-{p}"
-        else:
-            raise ValueError(f"unsupported reference {{{{{ref}}}}} in a step argument")
-        inputs[name] = mt.group(0)
-        return f"{{{{inputs.parameters.{name}}}}}"
-    return _REF.sub(sub, text.replace("{{workflow.parameters.run-dir}}", ARGO_RUN_DIR))
+    def sub(ref: refs.Ref) -> str | None:
+        if ref == refs.parameter("run-dir"):
+            return ARGO_RUN_DIR
+        if ref.kind in ("parameter", "workflow"):
+            return None
+        name = ref.name if ref.kind == "input" else f"{ref.task}-{ref.name}"
+        inputs[name] = str(ref)
+        return str(refs.input_param(name))
+    return refs.replace(text, sub)
 
 
 def _step_image(images: dict[str, ImageRef], task: GTask, dag_inputs: dict[str, str]) -> tuple[str, bool]:
@@ -151,10 +145,10 @@ def _resources(profile: Profile, task: GTask) -> m.ResourceRequirements:
 
 def _env() -> list[m.EnvVar]:
     return [
-        m.EnvVar(name="GAUNTLET_RUN_ID", value="{{workflow.uid}}"),
-        m.EnvVar(name="GAUNTLET_WORKFLOW", value="{{workflow.name}}"),
-        m.EnvVar(name="GAUNTLET_NAMESPACE", value="{{workflow.namespace}}"),
-        m.EnvVar(name="GAUNTLET_RESULTS_URI", value="{{workflow.parameters.results-uri}}"),
+        m.EnvVar(name="GAUNTLET_RUN_ID", value=str(refs.workflow("uid"))),
+        m.EnvVar(name="GAUNTLET_WORKFLOW", value=str(refs.workflow("name"))),
+        m.EnvVar(name="GAUNTLET_NAMESPACE", value=str(refs.workflow("namespace"))),
+        m.EnvVar(name="GAUNTLET_RESULTS_URI", value=str(refs.parameter("results-uri"))),
         m.EnvVar(name="NODE_NAME", value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="spec.nodeName"))),
         m.EnvVar(name="PYTHONUNBUFFERED", value="1"),
         m.EnvVar(name="GAUNTLET_IMAGES", value=f"{PROFILE_DIR}/{IMAGES_KEY}"),
@@ -170,8 +164,8 @@ def _retry() -> RetryStrategy:
     # The base wait is a workflow parameter: Argo substitutes global parameters into the template
     # (retryStrategy included) before processNodeRetries parses it (common.ProcessArgs).
     return RetryStrategy(limit="3", retry_policy="Always",
-                         expression=f"asInt(lastRetry.exitCode) == {TRANSIENT_EXIT}",
-                         backoff=m.Backoff(duration="{{workflow.parameters.retry-backoff}}", factor="2"))
+                         expression=f"asInt(lastRetry.exitCode) == {EXIT_TRANSIENT}",
+                         backoff=m.Backoff(duration=str(refs.parameter("retry-backoff")), factor="2"))
 
 
 def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GTask, name: str,
@@ -230,32 +224,44 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
     return c, inputs
 
 
-def _drop_terms(depends: str | None, removed: set[str]) -> str | None:
-    """Remove the `&&` terms of a depends expression that name tasks Argo does not run."""
-    if not depends or not removed:
-        return depends
-    terms = [t for t in depends.split(" && ")
-             if not any(re.search(rf"(?<![-\w]){re.escape(r)}\.", t) for r in removed)]
-    return " && ".join(terms) or None
+def argo_depends(needs: tuple[Need, ...]) -> str | None:
+    """A task's needs as Argo's ``depends``: ``a.Succeeded && (b.Succeeded || b.Skipped)``; None for none.
+
+    A need of several phases is parenthesized, except the lone need of a task that runs on its
+    upstream's failure too (``regress.Succeeded || regress.Failed``): the form these documents have
+    always had (tests/golden). Argo reads both forms alike.
+    """
+    def term(n: Need) -> str:
+        text = " || ".join(f"{n.task}.{p}" for p in n.phases)
+        return f"({text})" if len(n.phases) > 1 and (len(needs) > 1 or "Skipped" in n.phases) else text
+    return " && ".join(term(n) for n in needs) or None
+
+
+def argo_when(when: When | None) -> str | None:
+    """A condition as Argo's ``when`` (govaluate): a bool compared unquoted, text quoted, one-of as ``=~``."""
+    if when is None:
+        return None
+    if isinstance(when.value, bool):
+        return f"{when.subject} == {'true' if when.value else 'false'}"
+    if when.op == "one-of":
+        return f"'{when.subject}' =~ '{'|'.join(when.value)}'"
+    return f"'{when.subject}' == '{when.value}'"
 
 
 def _dag(profile: Profile, images: dict[str, ImageRef], dag: Dag, prefix: str) -> tuple[DAG, list[Container]]:
     containers: list[Container] = []
     tasks: list[Task] = []
-    removed = {t.name for t in dag.tasks if t.local_only}
     for t in dag.tasks:
-        if t.local_only:
-            continue
-        depends = _drop_terms(t.depends, removed)
+        depends, when = argo_depends(t.depends), argo_when(t.when)
         if t.dag:
             args = [Parameter(name=k, value=v) for k, v in sorted(t.inputs.items())]
-            tasks.append(Task(name=t.name, template=t.dag, arguments=args, depends=depends, when=t.when))
+            tasks.append(Task(name=t.name, template=t.dag, arguments=args, depends=depends, when=when))
             continue
         tname = f"{prefix}{t.name}"
         c, inputs = _container(profile, images, dag, t, tname, {})
         containers.append(c)
         args = [Parameter(name=k, value=v) for k, v in sorted(inputs.items())]
-        tasks.append(Task(name=t.name, template=tname, arguments=args or None, depends=depends, when=t.when))
+        tasks.append(Task(name=t.name, template=tname, arguments=args or None, depends=depends, when=when))
     inputs = [Parameter(name=i) for i in dag.inputs] or None
     return DAG(name=dag.name, tasks=tasks, inputs=inputs), containers
 
@@ -302,7 +308,7 @@ def _template(profile: Profile, graph: Graph, images: dict[str, ImageRef]) -> Wo
         synchronization=m.Synchronization(mutexes=[m.Mutex(name=f"gauntlet-{profile.hardware.node_pool}")]),
         pod_gc=m.PodGC(strategy="OnWorkflowSuccess"),
         ttl_strategy=m.TTLStrategy(seconds_after_success=7 * 86400, seconds_after_failure=14 * 86400),
-        pod_metadata=m.Metadata(labels={RUN_LABEL: "{{workflow.uid}}", **labels}),
+        pod_metadata=m.Metadata(labels={RUN_LABEL: str(refs.workflow("uid")), **labels}),
         workflow_metadata=m.WorkflowMetadata(labels=labels),
         volumes=_volumes(profile),
         artifact_repository_ref=(m.ArtifactRepositoryRef(config_map=profile.artifact_repository)
@@ -334,12 +340,12 @@ def _janitor(profile: Profile, images: dict[str, ImageRef]) -> CronWorkflow:
     from gauntlet.steps.backends import BACKENDS
     janitor_account = BACKENDS["kubernetes"].janitor_account
     labels = {"app.kubernetes.io/part-of": "gauntlet"}
-    out = "/runs/janitor/{{workflow.name}}"
+    out = f"/runs/janitor/{refs.workflow('name')}"
     c = Container(
         name="janitor", image=images[profile.step_image].ref, image_pull_policy="IfNotPresent",
         command=["gauntlet"],
-        args=["step", "janitor", "--out", out, "--grace", "{{workflow.parameters.grace}}"],
-        env=[m.EnvVar(name="GAUNTLET_NAMESPACE", value="{{workflow.namespace}}"),
+        args=["step", "janitor", "--out", out, "--grace", str(refs.parameter("grace"))],
+        env=[m.EnvVar(name="GAUNTLET_NAMESPACE", value=str(refs.workflow("namespace"))),
              m.EnvVar(name="PYTHONUNBUFFERED", value="1")],
         volume_mounts=[m.VolumeMount(name="runs", mount_path="/runs")],
         resources=m.ResourceRequirements(requests={"cpu": m.Quantity("100m"), "memory": m.Quantity("256Mi")},
@@ -372,7 +378,7 @@ def render_documents(profile: Profile, images: dict[str, ImageRef] | None = None
     """File name -> document (or list of documents) for one kubernetes profile; RenderError otherwise."""
     _refuse_unrunnable(profile)
     images = load_images() if images is None else images
-    graph = build_graph(profile)
+    graph = build_graph(profile, "argo")
     docs: dict[str, Any] = {
         f"{template_name(profile)}.workflowtemplate.yaml": _template(profile, graph, images).to_dict(),
         f"{cron_name(profile)}.cronworkflow.yaml": _cron(profile, graph).to_dict(),

@@ -1,0 +1,199 @@
+"""The graph's conditions as data: Need and When, their Argo strings (render), and their local evaluation
+held against Argo's semantics (workflows/conditions.py, table-tested in test_runner.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from gauntlet.contract import UsageError
+from gauntlet.params import load_profile
+from gauntlet.workflows import refs
+from gauntlet.workflows.conditions import ExpressionError, check_when, depends_tasks, eval_depends, eval_when
+from gauntlet.workflows.graph import (PHASES, SUCCEEDED, SUCCEEDED_OR_FAILED, SUCCEEDED_OR_SKIPPED, ConditionError,
+                                      Dag, Need, Task, When, build_graph)
+from gauntlet.workflows.render import argo_depends, argo_when
+
+# ------------------------------------------------------------------ depends
+
+DEPENDS = [
+    ((), None),
+    ((Need("a"),), "a.Succeeded"),
+    ((Need("a"), Need("b")), "a.Succeeded && b.Succeeded"),
+    ((Need("a", SUCCEEDED_OR_SKIPPED),), "(a.Succeeded || a.Skipped)"),
+    ((Need("a", SUCCEEDED_OR_SKIPPED), Need("b", SUCCEEDED_OR_SKIPPED)),
+     "(a.Succeeded || a.Skipped) && (b.Succeeded || b.Skipped)"),
+    ((Need("a"), Need("b", SUCCEEDED_OR_SKIPPED)), "a.Succeeded && (b.Succeeded || b.Skipped)"),
+    ((Need("a", SUCCEEDED_OR_FAILED),), "a.Succeeded || a.Failed"),
+    ((Need("a"), Need("b", SUCCEEDED_OR_FAILED)), "a.Succeeded && (b.Succeeded || b.Failed)"),
+    ((Need("a", ("Failed",)),), "a.Failed"),
+    ((Need("a", ("Omitted", "Skipped")),), "(a.Omitted || a.Skipped)"),
+]
+
+
+@pytest.mark.parametrize("needs, expected", DEPENDS)
+def test_rendered_depends(needs, expected):
+    assert argo_depends(needs) == expected
+
+
+@pytest.mark.parametrize("needs, expected", [d for d in DEPENDS if d[0]])
+def test_local_evaluation_agrees_with_argo_for_every_upstream_phase(needs, expected):
+    """Every combination of Succeeded/Failed/Errored/Skipped/Omitted upstream: met() == Argo on the string."""
+    names = sorted({n.task for n in needs})
+    for combo in itertools.product(("Succeeded", "Failed", "Errored", "Skipped", "Omitted"), repeat=len(names)):
+        phases = dict(zip(names, combo))
+        assert all(n.met(phases) for n in needs) is eval_depends(expected, phases), phases
+    assert depends_tasks(expected) == names
+
+
+@pytest.mark.parametrize("upstream, runs", [("Succeeded", True), ("Skipped", True), ("Failed", False),
+                                             ("Omitted", False), ("Errored", False)])
+def test_an_optional_predecessor(upstream, runs):
+    assert Need("x", SUCCEEDED_OR_SKIPPED).met({"x": upstream}) is runs
+    assert Need("x").met({"x": upstream}) is (upstream == "Succeeded")
+    assert Need("x", SUCCEEDED_OR_FAILED).met({"x": upstream}) is (upstream in ("Succeeded", "Failed"))
+
+
+@pytest.mark.parametrize("phases", [(), ("Succeeded", "Succeeded"), ("Passed",), ("Error",)])
+def test_a_need_names_known_phases_once(phases):
+    with pytest.raises(ValueError, match="phases"):
+        Need("x", phases)
+
+
+def test_a_dag_names_only_earlier_tasks():
+    with pytest.raises(ValueError, match="not earlier tasks"):
+        Dag("d", (Task("a", step="s", depends=(Need("b"),)), Task("b", step="s")))
+    with pytest.raises(ValueError, match="not earlier tasks"):
+        Dag("d", (Task("a", step="s", when=When.equals(refs.output("b", "x"), True)), Task("b", step="s")))
+    with pytest.raises(ValueError, match="twice"):
+        Dag("d", (Task("a", step="s"), Task("a", step="s")))
+
+
+# ------------------------------------------------------------------ when
+
+ENGINES = When.one_of(refs.parameter("engines"), "sglang", "both")
+UNLOCK = When.equals(refs.output("perf", "unlock_c32_1k_1k"), True)
+SUSPECT = When.equals(refs.output("suspect", "suspect"), "true")
+VARIANT = When.equals(refs.input_param("engine"), "sglang")
+PREWARM = When.equals(refs.parameter("prewarm"), True)
+NOT_PREWARM = When.equals(refs.parameter("prewarm"), False)
+
+WHEN = [
+    (None, None),
+    (ENGINES, "'{{workflow.parameters.engines}}' =~ 'sglang|both'"),
+    (UNLOCK, "{{tasks.perf.outputs.parameters.unlock_c32_1k_1k}} == true"),
+    (SUSPECT, "'{{tasks.suspect.outputs.parameters.suspect}}' == 'true'"),
+    (VARIANT, "'{{inputs.parameters.engine}}' == 'sglang'"),
+    (PREWARM, "{{workflow.parameters.prewarm}} == true"),
+    (NOT_PREWARM, "{{workflow.parameters.prewarm}} == false"),
+]
+
+
+@pytest.mark.parametrize("when, expected", WHEN)
+def test_rendered_when(when, expected):
+    assert argo_when(when) == expected
+    check_when(expected)
+
+
+VALUES = ["true", "false", "", "sglang", "vllm", "both", "sglang2", "x", "1", "True", "a b", "it's", "c2-128-32"]
+
+
+@pytest.mark.parametrize("when", [w for w, _ in WHEN if w is not None], ids=str)
+def test_local_when_agrees_with_argo_for_any_value(when):
+    """holds(value) is what Argo's evaluation of the rendered string gives once the value is substituted;
+    where Argo cannot evaluate it, neither can the local runner (the task fails on both)."""
+    for value in VALUES:
+        rendered = refs.substitute(argo_when(when), {when.subject: value})
+        try:
+            want: bool | None = eval_when(rendered)
+        except ExpressionError:
+            want = None
+        try:
+            got: bool | None = when.holds(value)
+        except ConditionError:
+            got = None
+        assert got is want, (value, rendered)
+
+
+def test_engine_selection():
+    assert [ENGINES.holds(v) for v in ("sglang", "both", "vllm")] == [True, True, False]
+    assert [SUSPECT.holds(v) for v in ("true", "false", "")] == [True, False, False]
+    assert [UNLOCK.holds(v) for v in ("true", "false")] == [True, False]
+    with pytest.raises(ConditionError):
+        UNLOCK.holds("")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: When.equals(refs.workflow("status"), "Failed"),     # known only once the run ended
+    lambda: When.one_of(refs.parameter("engines")),             # one of nothing
+    lambda: When.one_of(refs.parameter("engines"), "a.*"),      # a regex, not a word
+    lambda: When.equals(refs.parameter("engines"), "it's"),      # cannot be quoted
+    lambda: When(refs.parameter("engines"), "one-of", "sglang"),
+])
+def test_conditions_the_graph_cannot_state(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+# ------------------------------------------------------------------ refs
+
+
+def test_refs_round_trip():
+    for ref in (refs.parameter("run-dir"), refs.workflow("uid"), refs.input_param("engine"),
+                refs.output("deploy", "endpoint")):
+        assert refs.parse(ref.path) == ref and refs.find(f"x/{ref}/y") == [ref.path]
+    assert str(refs.output("perf", "unlock_c4")) == "{{tasks.perf.outputs.parameters.unlock_c4}}"
+    assert refs.parse("item") is None and refs.parse("tasks.a.outputs.result") is None
+    assert refs.replace("a {{workflow.uid}} {{inputs.parameters.engine}}",
+                        lambda r: "E" if r.kind == "input" else None) == "a {{workflow.uid}} E"
+    with pytest.raises(ValueError):
+        refs.Ref("output", "x")                                   # an output names its task
+
+
+# ------------------------------------------------------------------ graphs per back end
+
+
+def _names(graph) -> list[str]:
+    return [t.name for t in graph.main.tasks]
+
+
+def test_the_argo_graph_has_the_cluster_gates():
+    argo = build_graph(load_profile("kimi-k3-h20"), "argo")
+    names = _names(argo)
+    assert names[:4] == ["prewarm-0", "preflight-0", "prewarm-1", "preflight-1"]
+    assert {"nodes-0", "nodes-1", "network"} <= set(names)
+    assert argo.main.task("prewarm-0").when == PREWARM
+    assert argo.main.task("preflight-0").depends == (Need("prewarm-0", SUCCEEDED_OR_SKIPPED),)
+    # no engine starts before Gate 1 passed
+    assert argo.main.task("sglang").depends == (Need("network", SUCCEEDED),)
+    assert argo.main.task("report").depends == (Need("regress", SUCCEEDED_OR_FAILED),)
+
+
+def test_the_local_graph_prepares_the_model_first():
+    local = build_graph(load_profile("local-cpu"), "local")
+    assert _names(local)[:2] == ["prewarm", "preflight"]
+    assert local.main.task("prewarm").when is None
+    assert not {"network", "nodes-0", "preflight-compare"} & set(_names(local))
+
+
+@pytest.mark.parametrize("profile, backend, msg", [
+    ("local-cpu", "argo", "no Argo graph"),
+    ("kimi-k3-h20", "local", "runs on the cluster"),        # its engines never start without Gate 1
+])
+def test_a_profile_runs_on_its_own_back_end(profile, backend, msg):
+    with pytest.raises(UsageError, match=msg):
+        build_graph(load_profile(profile), backend)
+    with pytest.raises(ValueError, match="backend"):
+        build_graph(load_profile(profile), "k8s")
+
+
+@pytest.mark.parametrize("profile, backend", [("kimi-k3-h20", "argo"), ("h200-1gpu", "argo"),
+                                              ("local-cpu", "local")])
+def test_every_condition_of_every_graph_renders_to_valid_argo(profile, backend):
+    g = build_graph(load_profile(profile), backend)
+    for dag in g.dags:
+        for t in dag.tasks:
+            assert depends_tasks(argo_depends(t.depends)) == list(t.upstream)
+            check_when(argo_when(t.when))
+    assert set(PHASES) >= {p for dag in g.dags for t in dag.tasks for n in t.depends for p in n.phases}
