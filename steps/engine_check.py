@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gauntlet.steps import Needs
+from gauntlet.contract import Check
 from gauntlet.params.models import Profile
-from gauntlet.contract import Check, UsageError
+from gauntlet.steps import Needs
+from gauntlet.steps.deploy import engine_option
 from gauntlet.steps.engine_cmd import Placement, apply_change, engine_command
+from gauntlet.steps.options import GateOptions, option
 
-__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "ADAPTERS", "VllmAdapter", "SglangAdapter",
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "ADAPTERS", "VllmAdapter", "SglangAdapter",
            "planned_argvs", "collect", "judge"]
 
 NAME = "engine-check"
@@ -395,18 +398,21 @@ def judge(facts: dict[str, Any], profile: Profile, engine: str, archs: list[str]
     return checks
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True, choices=sorted(ADAPTERS), help="which engine this image holds")
-    p.add_argument("--model-path", default=None, help="model directory for the command line and, when the "
-                   "profile leaves architectures null, its config.json (default: model.mount_path)")
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    engine: str = option(choices=tuple(sorted(ADAPTERS)), help="which engine this image holds")
+    model_path: str | None = option(None, help="model directory for the command line and, when the profile leaves "
+                                               "architectures null, its config.json (default: model.mount_path)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        engine_option(self, self.engine)
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    profile: Profile = args.profile_obj
-    engine = args.engine
-    if engine not in profile.engines:
-        raise UsageError(f"engine {engine!r} is not in profile {profile.name} (has {', '.join(profile.engines)})")
-    model_path = Path(args.model_path or profile.model.mount_path)
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile = opts.the_profile
+    engine = opts.engine
+    model_path = profile.model_dir(opts.model_path)
     argvs = planned_argvs(profile, engine, str(model_path))
     try:
         adapter = ADAPTERS[engine]()

@@ -8,34 +8,45 @@ network gate compares the nodes' inventories (MTU, RDMA device set, shards, byte
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gauntlet.steps import Needs
-from gauntlet.params.models import Profile
-from gauntlet.steps import _gpu, _sysfs
 from gauntlet.contract import Check, UsageError, write_json_atomic
+from gauntlet.params.models import Profile
+from gauntlet.steps import Needs, _gpu, _sysfs
+from gauntlet.steps.options import GateOptions, option
 
 NAME = "nodes"
 HELP = "Gate 1 per node: GPU inventory and health probe, NICs/RDMA, NVMe model cache, no foreign GPU pods"
 NEEDS = Needs(model_cache="read", node_gpus=True)
 
-__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "judge_foreign_pods", "judge_node", "compare_nodes"]
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "judge_foreign_pods", "judge_node", "compare_nodes"]
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--node", default=None, help="Kubernetes node name (default: $NODE_NAME, else the hostname)")
-    p.add_argument("--run-id", default=None, help="this run's id (default: $GAUNTLET_RUN_ID)")
-    p.add_argument("--root", default="/", help="filesystem root holding sys/ and proc/ (default: /)")
-    p.add_argument("--cache-path", default=None,
-                   help="model cache path to inspect (default: the profile's mount_path if present, else host path)")
-    p.add_argument("--no-probe", action="store_true", help="skip the torch GPU health probe")
-    p.add_argument("--no-api", action="store_true",
-                   help="skip the Kubernetes pod check (reported as skipped): e.g. on a lone GPU machine")
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    node: str | None = option(None, help="Kubernetes node name (default: $NODE_NAME, else the hostname)")
+    run_id: str | None = option(None, help="this run's id (default: $GAUNTLET_RUN_ID)")
+    root: str = option("/", help="filesystem root holding sys/ and proc/ (default: /)")
+    cache_path: str | None = option(None, help="model cache path to inspect (default: the profile's mount_path if "
+                                               "present, else host path)")
+    no_probe: bool = option(False, help="skip the torch GPU health probe")
+    no_api: bool = option(False, help="skip the Kubernetes pod check (reported as skipped): e.g. on a lone GPU "
+                                      "machine")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        profile = self.the_profile
+        known = [n.name for n in profile.hardware.nodes]
+        if known and self.node_name not in known:
+            raise UsageError(f"--node {self.node_name}: not a node of profile {profile.name} (has {', '.join(known)})")
+
+    @property
+    def node_name(self) -> str:
+        return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
 def judge_foreign_pods(pods: list[dict[str, Any]], run_id: str | None, node: str) -> Check:
@@ -90,20 +101,18 @@ def compare_nodes(inventories: list[dict[str, Any]]) -> list[Check]:
     return checks
 
 
-def _cache_path(profile: Profile, args: argparse.Namespace, root: Path) -> str:
-    if args.cache_path:
-        return args.cache_path
+def _cache_path(profile: Profile, given: str | None, root: Path) -> str:
+    if given:
+        return given
     m = profile.model
     return m.mount_path if (root / m.mount_path.lstrip("/")).is_dir() else m.host_cache_path
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    profile: Profile = args.profile_obj
-    node = args.node or os.environ.get("NODE_NAME") or socket.gethostname()
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile = opts.the_profile
+    node = opts.node_name
     known = {n.name: n for n in profile.hardware.nodes}
-    if known and node not in known:
-        raise UsageError(f"--node {node}: not a node of profile {profile.name} (has {', '.join(known)})")
-    root = Path(args.root)
+    root = Path(opts.root)
     raw: dict[str, str] = {}
     try:
         inv = _gpu.collect_inventory(raw)
@@ -112,15 +121,15 @@ def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any
     nvml = _gpu.inventory_from_nvml()
     for name, text in raw.items():
         (out / name).write_text(text)
-    probe = None if args.no_probe else _gpu.probe_gpus(profile.hardware.gpu_probe)
+    probe = None if opts.no_probe else _gpu.probe_gpus(profile.hardware.gpu_probe)
     nics, rdma = _sysfs.read_nics(root), _sysfs.read_rdma(root)
-    storage = _sysfs.read_storage(root, _cache_path(profile, args, root), profile.model.marker)
+    storage = _sysfs.read_storage(root, _cache_path(profile, opts.cache_path, root), profile.marker_name)
     ifname = known[node].rdma_ifname if node in known else None
     checks = judge_node(profile, inv, probe, nics, rdma, storage, nvml, ifname)
 
-    run_id = getattr(args, "run_id", None) or os.environ.get("GAUNTLET_RUN_ID")
+    run_id = opts.run_id or os.environ.get("GAUNTLET_RUN_ID")
     pods: list[dict[str, Any]] | None = None
-    if args.no_api:
+    if opts.no_api:
         checks.append(Check("no_foreign_gpu_pods", "skip", [], None, "--no-api: the Kubernetes pod list was not read"))
     else:
         from gauntlet.steps._k8s.api import connect

@@ -8,7 +8,6 @@ entry. The evidence holds the fingerprint that `preflight-compare` joins.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
 import json
@@ -17,19 +16,21 @@ import posixpath
 import shutil
 import socket
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gauntlet.steps import Needs
-from gauntlet.params.models import ModelSpec, Profile
-from gauntlet.steps._config_checks import config_checks
 from gauntlet.contract import Check, UsageError, write_json_atomic
+from gauntlet.params.models import ModelSpec, Profile
+from gauntlet.steps import Needs
+from gauntlet.steps._config_checks import config_checks
 from gauntlet.steps._fingerprint import component_of, extract_fingerprint, fingerprint, fingerprint_diff
 from gauntlet.steps._marker import CHECKSUM_FILES, CHECKSUM_SUFFIXES, is_checksum_file, parse_marker
 from gauntlet.steps._model_checks import INDEX_NAME, layout_checks
 from gauntlet.steps._shards import PARTIAL_SUFFIX, index_path_problem, read_header, resolve_inside, walk_entries
+from gauntlet.steps.options import GateOptions, option
 
-__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "gather", "judge", "resolve_model_path"]
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "gather", "judge", "resolve_model_path"]
 
 NAME = "preflight"
 HELP = "Gate 0: model directory integrity (config, index, shard headers, tokenizer, marker) and fingerprint"
@@ -39,14 +40,16 @@ SMALL_FILE_LIMIT = 512 << 20   # config/tokenizer files; anything bigger is not 
 HF_METADATA = ".cache/huggingface/download/config.json.metadata"   # `hf download --local-dir`: commit on line 1
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-path", default=None,
-                   help="model directory (default: the profile's model.mount_path; relative to the current dir)")
-    p.add_argument("--pin", default=None, help="pinned fingerprint JSON (or a previous preflight verdict.json)")
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    model_path: str | None = option(None, help="model directory (default: the profile's model.mount_path; relative "
+                                               "to the current dir)")
+    pin: str | None = option(None, help="pinned fingerprint JSON (or a previous preflight verdict.json)")
 
 
 def resolve_model_path(profile: Profile, given: str | None) -> Path:
-    p = Path(given if given else profile.model.mount_path)
+    """The profile's model directory rule (:meth:`Profile.model_dir`), made absolute against the current dir."""
+    p = profile.model_dir(given)
     return p if p.is_absolute() else Path.cwd() / p
 
 
@@ -311,10 +314,10 @@ def _evidence_facts(facts: dict[str, Any]) -> dict[str, Any]:
     return small
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    profile: Profile = args.profile_obj
-    model_dir = resolve_model_path(profile, args.model_path)
-    pin = _load_pin(args.pin) if args.pin else None
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile = opts.the_profile
+    model_dir = resolve_model_path(profile, opts.model_path)
+    pin = _load_pin(opts.pin) if opts.pin else None     # a bad --pin is a UsageError before anything is read
     # a 150k-tensor layout allocates hundreds of thousands of small objects and no cycles: without this the
     # cyclic GC rescans them over and over (about a third of the wall time there)
     was_enabled = gc.isenabled()

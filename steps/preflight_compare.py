@@ -7,26 +7,33 @@ differs: config, index, tokenizer, processor, or which shard.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gauntlet.steps import Needs
 from gauntlet.contract import Check, UsageError
+from gauntlet.steps import Needs
 from gauntlet.steps._fingerprint import extract_fingerprint, fingerprint_diff
+from gauntlet.steps.options import GateOptions, option
 
-__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "read_input", "compare"]
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "read_input", "compare"]
 
 NAME = "preflight-compare"
 HELP = "Gate 0 join: fail unless every node's preflight fingerprint is the same"
 NEEDS = Needs()
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--inputs", nargs="+", required=True, metavar="DIR",
-                   help="per-node preflight evidence directories (each with verdict.json)")
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    inputs: tuple[str, ...] = option(nargs="+", metavar="DIR",
+                                     help="per-node preflight evidence directories (each with verdict.json)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.inputs:
+            raise UsageError("--inputs needs at least one preflight evidence directory")
 
 
 def read_input(d: Path) -> dict[str, Any]:
@@ -91,9 +98,7 @@ def compare(inputs: list[dict[str, Any]], expected_nodes: int | None = None) -> 
     return checks, metrics
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    if not args.inputs:
-        raise UsageError("--inputs needs at least one preflight evidence directory")
-    profile = getattr(args, "profile_obj", None)
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile = opts.profile
     nodes = len(profile.hardware.nodes) if profile is not None and profile.hardware.kind == "kubernetes" else None
-    return compare([read_input(Path(d)) for d in args.inputs], expected_nodes=nodes)
+    return compare([read_input(Path(d)) for d in opts.inputs], expected_nodes=nodes)

@@ -17,7 +17,6 @@ For a local profile with ``model.prepare`` (and no ``--src``) the "source" is a 
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import hashlib
 import importlib
@@ -31,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gauntlet.steps import Needs
-from gauntlet.params.models import DEFAULT_MARKER, Profile
 from gauntlet.contract import Check, TransientError, UsageError
+from gauntlet.params.models import DEFAULT_MARKER, Profile
+from gauntlet.steps import Needs
+from gauntlet.steps.options import GateOptions, option
 from gauntlet.steps._marker import build_manifest, is_checksum_file, parse_marker, write_marker
 from gauntlet.steps._shards import PARTIAL_SUFFIX, read_header, walk_entries
 
-__all__ = ["NAME", "HELP", "NEEDS", "add_arguments", "run", "write_marker", "plan_copy", "CopyItem",
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "write_marker", "plan_copy", "CopyItem",
            "prewarm"]
 
 NAME = "prewarm"
@@ -72,14 +72,26 @@ def _start_writeback(fd: int, off: int, n: int) -> None:
         _SYNC_FILE_RANGE(fd, off, n, _SYNC_FILE_RANGE_WRITE)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--src", default=None, help="source model directory (default: the profile's model.source_path)")
-    p.add_argument("--dst", default=None, help="destination (default: the profile's model.host_cache_path)")
-    p.add_argument("--streams", type=int, default=4, help="parallel copy streams (default: 4)")
-    p.add_argument("--allow-unmarked-src", action="store_true",
-                   help="copy even when the source has no completion marker")
-    p.add_argument("--delete-extras", action="store_true",
-                   help="delete files in the destination that the source does not have")
+@dataclass(frozen=True, kw_only=True)
+class Options(GateOptions):
+    src: str | None = option(None, help="source model directory (default: the profile's model.source_path)")
+    dst: str | None = option(None, help="destination (default: the profile's model.host_cache_path)")
+    streams: int = option(4, help="parallel copy streams (default: 4)")
+    allow_unmarked_src: bool = option(False, help="copy even when the source has no completion marker")
+    delete_extras: bool = option(False, help="delete files in the destination that the source does not have")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.streams < 1:
+            raise UsageError(f"--streams must be at least 1, got {self.streams}")
+        if self.src is None and not self.runs_recipe and self.the_profile.model.source_path is None:
+            raise UsageError("prewarm: no --src and the profile has no model.source_path")
+
+    @property
+    def runs_recipe(self) -> bool:
+        """A local profile with a recipe and no --src: the recipe builds the directory (no copy)."""
+        p = self.the_profile
+        return self.src is None and p.hardware.kind == "local" and bool(p.model.prepare)
 
 
 @dataclass(frozen=True)
@@ -460,10 +472,10 @@ def _prepare_local(profile: Profile, dst: Path) -> tuple[list[Check], dict[str, 
     checks = [Check("prepare", "pass" if real.resolve() == dst.resolve() else "fail", str(dst), str(real),
                     f"recipe {profile.model.prepare!r} built {real} in {secs} s" if real.resolve() == dst.resolve()
                     else f"recipe returned {real}, but the profile's model.host_cache_path is {dst}")]
-    has_marker = (real / profile.model.marker).is_file()
-    checks.append(Check("marker", "pass" if has_marker else "fail", profile.model.marker, has_marker,
-                        f"{profile.model.marker} present" if has_marker
-                        else f"the recipe left no {profile.model.marker} in {real}"))
+    marker = profile.marker_name
+    has_marker = (real / marker).is_file()
+    checks.append(Check("marker", "pass" if has_marker else "fail", marker, has_marker,
+                        f"{marker} present" if has_marker else f"the recipe left no {marker} in {real}"))
     return checks, {"dst": str(real), "seconds": secs, "prepare": profile.model.prepare}
 
 
@@ -471,17 +483,13 @@ def _on_term(signum, frame):  # Argo stops a pod with SIGTERM: unwind like ^C (t
     raise KeyboardInterrupt
 
 
-def run(args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
-    profile: Profile = args.profile_obj
-    if args.streams < 1:
-        raise UsageError(f"--streams must be at least 1, got {args.streams}")
-    dst = _abs(args.dst or profile.model.host_cache_path)
-    if args.src is None and profile.hardware.kind == "local" and profile.model.prepare:
+def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    profile = opts.the_profile
+    dst = _abs(opts.dst or profile.model.host_cache_path)
+    if opts.runs_recipe:
         return _prepare_local(profile, dst)
-    src = args.src or profile.model.source_path
-    if src is None:
-        raise UsageError("prewarm: no --src and the profile has no model.source_path")
+    src = opts.src or profile.model.source_path     # one of them is set: Options refused the other case
     signal.signal(signal.SIGTERM, _on_term)
-    return prewarm(_abs(src), dst, marker=profile.model.marker, streams=args.streams,
-                   revision=profile.model.revision, allow_unmarked_src=args.allow_unmarked_src,
-                   delete_extras=args.delete_extras)
+    return prewarm(_abs(src), dst,  # type: ignore[arg-type] marker=profile.marker_name, streams=opts.streams,
+                   revision=profile.model.revision, allow_unmarked_src=opts.allow_unmarked_src,
+                   delete_extras=opts.delete_extras)
