@@ -102,10 +102,12 @@ def test_missing_or_broken_evidence_is_a_failed_check(nodes, tmp_path):
 
 
 def test_graph_fans_preflight_out_per_node_and_joins_with_compare():
+    from gauntlet.steps import needs_of
     from gauntlet.workflows.graph import Need, build_graph
     main_dag = build_graph(KIMI, "argo").main
     pre = [t for t in main_dag.tasks if t.step == "preflight"]
-    assert [t.node for t in pre] == [n.name for n in KIMI.hardware.nodes] and all(t.gpus == 0 for t in pre)
+    assert [t.node for t in pre] == [n.name for n in KIMI.hardware.nodes]
+    assert not needs_of("preflight").node_gpus and needs_of("nodes").node_gpus   # Gate 0 never asks for a GPU
     cmp = main_dag.task("preflight-compare")
     assert cmp.depends == tuple(Need(t.name, ("Succeeded",)) for t in pre)
     assert [a.rsplit("/", 1)[-1] for a in cmp.args[1:]] == [t.name for t in pre]

@@ -148,7 +148,6 @@ class Task:
     args: tuple[str, ...] = ()              # extra CLI args; may hold references (workflows/refs.py)
     depends: tuple[Need, ...] = ()          # all must be met, else the task is Omitted
     when: When | None = None                # false: the task is Skipped
-    gpus: int = 0                           # nvidia.com/gpu requested by the step's own pod
     node: str | None = None                 # pin the pod to this node
     image: str = "steps"                    # key into images/engines.yaml
     outputs: tuple[str, ...] = ()           # output parameter names beyond `verdict`
@@ -311,7 +310,7 @@ def build_graph(profile: Profile, backend: Backend) -> Graph:
         for i, node in enumerate(nodes):
             t = f"nodes-{i}"
             tasks.append(Task(t, step="nodes", gate="gate1", node=node, depends=_ok(*checks, skipped=True),
-                              args=("--node", node), gpus=profile.hardware.gpus_per_node,
+                              args=("--node", node),
                               image=BENCH_IMAGE, host_network=True))
             gate1.append(t)
         tasks.append(Task("network", step="network", gate="gate1", depends=_ok(*gate1)))
