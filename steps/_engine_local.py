@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from gauntlet.contract import GauntletError
 from gauntlet.steps.engine_client import EngineClient
 
 __all__ = ["LocalEngine", "EngineError", "EngineDied", "EngineTimeout", "group_members", "group_rss_bytes",
@@ -31,8 +32,8 @@ __all__ = ["LocalEngine", "EngineError", "EngineDied", "EngineTimeout", "group_m
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-class EngineError(Exception):
-    """The engine did not become ready; the message names the cause and ends with the log tail."""
+class EngineError(GauntletError):
+    """The engine did not become ready; the message names the cause and ends with the log tail (a verdict: exit 1)."""
 
 
 class EngineDied(EngineError):

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from gauntlet.contract import TransientError, UsageError
+from gauntlet.contract import GauntletError, TransientError, UsageError
 
 __all__ = ["Api", "NotFound", "Conflict", "connect", "call"]
 
@@ -22,12 +22,12 @@ APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 
 
-class NotFound(Exception):
-    pass
+class NotFound(GauntletError):
+    """404: the object is not there (callers that expect it may be gone catch it)."""
 
 
-class Conflict(Exception):
-    pass
+class Conflict(GauntletError):
+    """409: another field manager owns a field we apply."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gauntlet.contract import UsageError
+from gauntlet.contract import GauntletError, UsageError
 from gauntlet.steps._k8s import RUN_LABEL
 from gauntlet.steps._k8s.api import Api, NotFound, call
 
@@ -24,7 +24,7 @@ KINDS = {
 }
 
 
-class NotOurs(Exception):
+class NotOurs(GauntletError):
     """The object exists but does not carry this run's label: it is left alone."""
 
 
