@@ -127,8 +127,7 @@ def _model_mount(profile: Profile) -> dict[str, Any]:
 
 def _marker_init(profile: Profile, image: str) -> dict[str, Any]:
     """Refuse to start the engine on a node whose cache copy is incomplete."""
-    m = profile.model
-    marker = f"{m.mount_path.rstrip('/')}/{m.marker}"
+    marker = str(profile.marker_path())
     script = (f"test -f {shlex.quote(marker)} || {{ echo {shlex.quote('gauntlet: ' + marker + ' missing on')} "
               f'"$NODE_NAME": the model cache is incomplete, refusing to start >&2; exit 1; }}')
     return {"name": "require-marker", "image": image, "imagePullPolicy": "IfNotPresent",
