@@ -6,14 +6,16 @@ containers run) to its module; modules import lazily so the CLI starts fast.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from pathlib import Path
 from types import ModuleType
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gauntlet.contract import Check, GauntletError
+
+if TYPE_CHECKING:
+    from gauntlet.steps.options import GateOptions
 
 __all__ = ["STEPS", "Step", "Needs", "GateImportError", "load_step", "needs_of"]
 
@@ -31,13 +33,14 @@ class Needs:
 
 
 class Step(Protocol):
+    """The face of a gate module (docs/architecture.md)."""
+
     NAME: str
     HELP: str
     NEEDS: Needs
+    Options: type[GateOptions]      # typed options: the command line and the test's constructor
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
-
-    def run(self, args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]: ...
+    def run(self, opts: Any, out: Path) -> tuple[list[Check], dict[str, Any]]: ...
 
     # optional: ``exit_code(verdict) -> int`` when the exit code means something other than the verdict
     # (cleanup and janitor: 0 unless something is still held)

@@ -1,7 +1,7 @@
 """Option pieces several gates share: the endpoint flag's check and the results store.
 
 A gate's ``Options.__post_init__`` calls :func:`check_endpoint` so a bad URL is a one-line UsageError naming
-its flag before anything runs (the engine flag's check is :func:`gauntlet.steps.deploy.engine_option`);
+its flag before anything runs, and :func:`engine_option` the engine flag's (the profile's rule, naming the flag);
 :class:`ResultsOptions` is the ``--results-uri`` flag and the one fallback (``Profile.results_store``) every
 gate that reads or writes the store uses.
 """
@@ -10,16 +10,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gauntlet.contract import UsageError
 from gauntlet.steps.engine_client import normalize_endpoint
 from gauntlet.steps.options import GateOptions, option
 
-__all__ = ["check_endpoint", "ResultsOptions"]
+__all__ = ["check_endpoint", "engine_option", "ResultsOptions"]
 
 
 def check_endpoint(url: str | None, flag: str = "--endpoint") -> None:
     """UsageError naming the flag unless ``url`` is an http(s) URL (None: not given, nothing to check)."""
     if url is not None:
         normalize_endpoint(url, flag)
+
+
+def engine_option(opts: GateOptions, name: str | None, flag: str = "--engine") -> str:
+    """The profile's rule for an engine name (:meth:`Profile.engine_name`), its error naming the flag."""
+    try:
+        return opts.the_profile.engine_name(name)
+    except UsageError as exc:
+        raise UsageError(f"{flag} {name}: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,21 +19,14 @@ from gauntlet.params.models import EngineSpec
 from gauntlet.steps import Needs
 from gauntlet.steps.backends import BACKENDS, backend_for
 from gauntlet.steps.engine_cmd import apply_change
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.options import GateOptions, option
 
-__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "engine_option"]
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run"]
 
 NAME = "deploy"
 HELP = "Gate 2: deploy the engine (local subprocess or Kubernetes StatefulSet) and wait for readiness"
 NEEDS = Needs()
-
-
-def engine_option(opts: GateOptions, name: str | None, flag: str = "--engine") -> str:
-    """The profile's rule for an engine name (:meth:`Profile.engine_name`), its error naming the flag."""
-    try:
-        return opts.the_profile.engine_name(name)
-    except UsageError as exc:
-        raise UsageError(f"{flag} {name}: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,7 @@ from typing import Any
 from gauntlet.contract import Check
 from gauntlet.params.models import Profile
 from gauntlet.steps import Needs
-from gauntlet.steps.deploy import engine_option
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.engine_cmd import Placement, apply_change, engine_command
 from gauntlet.steps.options import GateOptions, option
 

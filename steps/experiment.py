@@ -38,7 +38,7 @@ from gauntlet.params.models import EngineArgs, EngineSpec, Profile, Variant
 from gauntlet.contract import Check, UsageError, write_json_atomic
 from gauntlet.steps import perf
 from gauntlet.steps._shared_options import check_endpoint
-from gauntlet.steps.deploy import engine_option
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.engine_cmd import apply_change
 from gauntlet.steps.options import option
 from gauntlet.steps.perf import BenchOptions, bench_fields, case_checks, case_table, run_matrix

@@ -43,7 +43,7 @@ from gauntlet.params.models import EngineSpec, Rung
 from gauntlet.steps._answers import sanity_problems
 from gauntlet.contract import Check, TransientError, UsageError, write_json_atomic
 from gauntlet.steps._shared_options import check_endpoint
-from gauntlet.steps.deploy import engine_option
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.engine_client import EngineClient
 from gauntlet.steps.options import GateOptions, option
 

@@ -19,7 +19,7 @@ from gauntlet.contract import Check, UsageError, write_json_atomic
 from gauntlet.params.models import NetworkSpec, Profile
 from gauntlet.steps import Needs, _nccl_probe
 from gauntlet.steps.backends import BACKENDS, backend_for
-from gauntlet.steps.deploy import engine_option
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.engine_cmd import engine_env
 from gauntlet.steps.options import GateOptions, option
 

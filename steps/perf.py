@@ -28,7 +28,7 @@ from gauntlet.steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchReq
 from gauntlet.contract import Check, UsageError, param_name, write_json_atomic
 from gauntlet.steps._sampler import Sampler
 from gauntlet.steps._shared_options import ResultsOptions, check_endpoint
-from gauntlet.steps.deploy import engine_option
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.options import option
 from gauntlet.steps._stats import Stability, client_bound, cold_start, round_validity, stability, summarize
 

@@ -37,7 +37,7 @@ from gauntlet.steps import Needs
 from gauntlet.contract import Check, write_json_atomic
 from gauntlet.contract import UsageError
 from gauntlet.steps._shared_options import ResultsOptions
-from gauntlet.steps.deploy import engine_option
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps._stats import mad, median
 from gauntlet.steps.options import option
 

@@ -27,14 +27,9 @@ def run_step(module, args: argparse.Namespace) -> int:
             if not args.profile:
                 raise UsageError(f"step {gate}: --profile is required")
             profile = load_profile(args.profile)
-        if hasattr(module, "Options"):          # typed options, built and validated once, before anything runs
-            opts = options_from(module.Options, args, profile)
-            out.mkdir(parents=True, exist_ok=True)
-            checks, metrics = module.run(opts, out)
-        else:                                   # TODO(issue 14): every gate declares Options
-            args.profile_obj = profile
-            out.mkdir(parents=True, exist_ok=True)
-            checks, metrics = module.run(args, out)
+        opts = options_from(module.Options, args, profile)    # built and validated once, before anything runs
+        out.mkdir(parents=True, exist_ok=True)
+        checks, metrics = module.run(opts, out)
     except GauntletError as exc:
         code = exit_code_of(exc)
         if code != EXIT_USAGE:      # bad input writes nothing; anything else leaves an error verdict

@@ -46,7 +46,7 @@ from gauntlet.contract import Check
 from gauntlet.steps._probe_image import COLOURS, broken_png, data_url, solid_png
 from gauntlet.steps._replies import Answer, Exchange, chat_answer, judge_reasoning, judge_refusal, judge_tool_call
 from gauntlet.steps._shared_options import check_endpoint
-from gauntlet.steps.deploy import engine_option
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps._sse import parse_sse
 from gauntlet.steps.engine_client import EngineClient
 from gauntlet.steps.options import GateOptions, option

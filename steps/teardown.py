@@ -9,7 +9,7 @@ from typing import Any
 from gauntlet.contract import Check
 from gauntlet.steps import Needs
 from gauntlet.steps.backends import BACKENDS, backend_for
-from gauntlet.steps.deploy import engine_option
+from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.options import GateOptions, option
 
 __all__ = ["NAME", "HELP", "NEEDS", "Options", "run"]

@@ -10,11 +10,12 @@ import pytest
 
 from gauntlet.steps import Needs
 from gauntlet.contract import Check, TransientError, UsageError, Verdict, overall_status
+from gauntlet.steps.options import GateOptions
 from gauntlet.steps.runner import run_step
 
 
 def _module(fn):
-    return types.SimpleNamespace(NAME="demo", HELP="", NEEDS=Needs(profile=False), run=fn)
+    return types.SimpleNamespace(NAME="demo", HELP="", NEEDS=Needs(profile=False), Options=GateOptions, run=fn)
 
 
 def _args(tmp_path):

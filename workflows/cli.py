@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from gauntlet.contract import GauntletError, UsageError, exit_code_of
-from gauntlet.params import load_profile
+from gauntlet.params import load_profile, profile_path
 from gauntlet.steps import STEPS, GateImportError, load_step, needs_of
 from gauntlet.steps.options import add_options
 
@@ -97,10 +97,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         if needs_of(mod).profile:
             _add_profile(sp, required=False)
         sp.add_argument("--out", default=f"evidence/{name}", help="evidence directory (default: evidence/<gate>)")
-        if hasattr(mod, "Options"):
-            add_options(mod.Options, sp)
-        else:
-            mod.add_arguments(sp)
+        add_options(mod.Options, sp)
     return parser
 
 
@@ -151,10 +148,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         return print_findings(findings)
     if args.command == "submit":
         from gauntlet.workflows.submit import submit
-        return submit(load_profile(args.profile), args)
+        return submit(load_profile(args.profile), out=Path(args.out), namespace=args.namespace, host=args.host,
+                      token=args.token, dry_run=args.dry_run, verify_ssl=args.verify_ssl)
     if args.command == "run":
         from gauntlet.workflows.local import run_local
-        return run_local(load_profile(args.profile), args)
+        return run_local(load_profile(args.profile), profile_path(args.profile), runs_dir=Path(args.runs_dir),
+                         run_id=args.run_id, engines=args.engines,
+                         gates=set(args.gates.split(",")) if args.gates else None)
     if args.command == "janitor":
         from datetime import datetime, UTC
 

@@ -12,7 +12,6 @@ its tasks fails. The exit handler always runs, also on Ctrl-C, and then
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -25,7 +24,7 @@ from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
-from gauntlet.params import Profile, profile_path
+from gauntlet.params import Profile
 from gauntlet.steps import STEPS
 from gauntlet.contract import EXIT_TRANSIENT, now_iso, write_json_atomic
 from gauntlet.workflows import refs
@@ -449,23 +448,24 @@ def _run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
 
 
-def run_local(profile: Profile, args: argparse.Namespace) -> int:
-    """`gauntlet run`: the whole graph for ``profile`` on this machine; 0 when no gate failed."""
+def run_local(profile: Profile, profile_file: Path, *, runs_dir: Path = Path("runs"), run_id: str | None = None,
+              engines: str | None = None, gates: set[str] | None = None, **runner_overrides: Any) -> int:
+    """`gauntlet run`: the whole graph for ``profile`` (read from ``profile_file``, which every step is
+    given) on this machine; 0 when no gate failed. ``runner_overrides`` go to :class:`Runner`."""
     from gauntlet.steps.backends import BACKENDS
     local = BACKENDS["local"]
 
     graph = build_graph(profile, "local")
-    run_id = getattr(args, "run_id", None) or _run_id()
-    run_dir = (Path(getattr(args, "runs_dir", None) or "runs") / run_id).resolve()
+    run_id = run_id or _run_id()
+    run_dir = (Path(runs_dir) / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     params = {k: v[0] for k, v in graph.parameters.items()}
     params["run-dir"] = str(run_dir)
-    if getattr(args, "engines", None):
-        params["engines"] = args.engines
-    gates = set(args.gates.split(",")) if getattr(args, "gates", None) else None
-    profile_file = profile_path(args.profile).resolve()
+    if engines:
+        params["engines"] = engines
+    profile_file = Path(profile_file).resolve()
     started = now_iso()
-    runner = Runner(graph, profile_file, run_dir, params, gates=gates, **getattr(args, "runner_overrides", {}))
+    runner = Runner(graph, profile_file, run_dir, params, gates=gates, **runner_overrides)
     runner.say(f"run {run_id}: profile {profile.name}, evidence in {run_dir}")
     # the local janitor: engines of earlier runs whose runner was killed (kill -9) are stopped first
     _, swept = local.janitor(run_dir / ".janitor", runs_dir=run_dir.parent, exclude=run_dir)

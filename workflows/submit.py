@@ -7,7 +7,6 @@ takes neither. The janitor's CronWorkflow is created beside the nightly.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 from pathlib import Path
@@ -38,19 +37,20 @@ def commands(profile: Profile, out: Path, namespace: str) -> list[str]:
     ]
 
 
-def submit(profile: Profile, args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    namespace = args.namespace or profile.namespace
+def submit(profile: Profile, *, out: Path, namespace: str | None = None, host: str | None = None,
+           token: str | None = None, dry_run: bool = False, verify_ssl: bool = True) -> int:
+    """`gauntlet submit`: render, lint, then create or update the templates on the Argo server at ``host``."""
+    namespace = namespace or profile.namespace
     paths = render_profile(profile, out)
     rc = print_findings(lint_paths(paths))
     if rc:
         return rc
-    if args.dry_run:
+    if dry_run:
         for c in commands(profile, out, namespace):
             print(c)
         return 0
-    token = args.token or os.environ.get("ARGO_TOKEN")
-    if not args.host:
+    token = token or os.environ.get("ARGO_TOKEN")
+    if not host:
         raise UsageError("submit: --host is required (or use --dry-run to print the argo commands)")
     import yaml
     from hera.exceptions import AlreadyExists, HeraException
@@ -58,7 +58,7 @@ def submit(profile: Profile, args: argparse.Namespace) -> int:
     from hera.workflows.models import (CreateCronWorkflowRequest, CronWorkflow, UpdateCronWorkflowRequest,
                                        WorkflowTemplate, WorkflowTemplateCreateRequest,
                                        WorkflowTemplateUpdateRequest)
-    svc = WorkflowsService(host=args.host, token=token, namespace=namespace, verify_ssl=args.verify_ssl)
+    svc = WorkflowsService(host=host, token=token, namespace=namespace, verify_ssl=verify_ssl)
     by_name = {p.name: p for p in paths}
     wt = WorkflowTemplate.model_validate(yaml.safe_load(paths[0].read_text()))
     crons = [CronWorkflow.model_validate(yaml.safe_load(by_name[f"{n}.cronworkflow.yaml"].read_text()))
@@ -91,7 +91,7 @@ def submit(profile: Profile, args: argparse.Namespace) -> int:
     except HeraException as exc:
         raise UsageError(f"submit: Argo refused: {str(exc).splitlines()[0]}") from None
     except OSError as exc:
-        raise TransientError(f"submit: cannot reach {args.host}: {exc}") from None
+        raise TransientError(f"submit: cannot reach {host}: {exc}") from None
     print(f"RBAC and the profile's ConfigMap are not applied through Argo: {commands(profile, out, namespace)[0]}")
     print(f"start a run: {commands(profile, out, namespace)[-1]}")
     return 0

@@ -10,27 +10,32 @@ import os
 import sys
 import time
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 from gauntlet.contract import Check
 from gauntlet.steps import Needs, _deploy_local, cleanup
 from gauntlet.steps._engine_local import LocalEngine, free_port
-from gauntlet.steps.options import add_options
+from gauntlet.steps.options import GateOptions, add_options, option
 from gauntlet.steps.runner import run_step
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 
 
+@dataclass(frozen=True, kw_only=True)
+class FakeOptions(GateOptions):
+    profile_ref: str | None = option(None, flag="--profile")
+    engine: str | None = option(None)
+    endpoint: str | None = option(None)
+
+
 class Fake:
     NEEDS = Needs(profile=False)
     HELP = "fake"
+    Options = FakeOptions
 
     def __init__(self, name, body):
         self.NAME, self.body = name, body
-
-    def add_arguments(self, p):
-        p.add_argument("--engine", default=None)
-        p.add_argument("--endpoint", default=None)
 
     def run(self, args, out):
         (out / "argv.json").write_text(json.dumps(sys.argv))
@@ -80,11 +85,7 @@ def main(argv):
         time.sleep(120)                                          # the exit handler has started, nothing released yet
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    if hasattr(mod, "Options"):             # a real gate: its own flags (cleanup: its own --profile)
-        add_options(mod.Options, p)
-    else:
-        p.add_argument("--profile")
-        mod.add_arguments(p)
+    add_options(mod.Options, p)             # the gate's own flags (cleanup and the fakes: their own --profile)
     return run_step(mod, p.parse_args(argv[2:]))
 
 
