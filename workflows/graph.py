@@ -32,12 +32,13 @@ from gauntlet.steps.regress import DEFAULT_RULE
 from gauntlet.workflows import refs
 from gauntlet.workflows.refs import Ref
 
-__all__ = ["Task", "Dag", "Graph", "Need", "When", "ConditionError", "build_graph", "BACKENDS", "PHASES",
+__all__ = ["Task", "Dag", "Graph", "Need", "When", "ConditionError", "build_graph", "ORCHESTRATORS", "Orchestrator", "PHASES",
            "SUCCEEDED", "SUCCEEDED_OR_SKIPPED", "SUCCEEDED_OR_FAILED", "RUN_DIR", "ENGINE_SEQUENCE",
            "ENGINES_CHOICES", "RETRY_LIMIT"]
 
-Backend = Literal["argo", "local"]
-BACKENDS: tuple[Backend, ...] = ("argo", "local")
+# which back end runs the graph (not where the engine runs: that is gauntlet.steps.backends)
+Orchestrator = Literal["argo", "local"]
+ORCHESTRATORS: tuple[Orchestrator, ...] = ("argo", "local")
 RUN_DIR = str(refs.parameter("run-dir"))
 ENGINE_SEQUENCE = "engine-sequence"
 ENGINES_CHOICES = ("both", "sglang", "vllm")
@@ -263,7 +264,7 @@ def _engine_sequence(profile: Profile) -> Dag:
     return Dag(ENGINE_SEQUENCE, tuple(tasks), inputs=("engine",))
 
 
-def build_graph(profile: Profile, backend: Backend) -> Graph:
+def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
     """The whole plan for one profile, as data, for the back end that runs it.
 
     ``"argo"`` (a ``kubernetes`` profile): per node an optional prewarm (the ``prewarm`` parameter) and a
@@ -271,8 +272,8 @@ def build_graph(profile: Profile, backend: Backend) -> Graph:
     ``"local"`` (a ``local`` profile): the model is prepared, then one preflight. A profile runs on its
     own back end only (UsageError): a kubernetes profile's engines must not start without Gate 1.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
+    if backend not in ORCHESTRATORS:
+        raise ValueError(f"backend {backend!r}: one of {', '.join(ORCHESTRATORS)}")
     cluster = backend == "argo"
     if profile.hardware.kind != ("kubernetes" if cluster else "local"):
         raise UsageError(f"profile {profile.name} has hardware.kind {profile.hardware.kind!r}: "
