@@ -230,6 +230,11 @@ def _src_checks(src: dict[str, Any], shards: set[str], marker: str, index_error:
 
 # ---------------------------------------------------------------- copy (I/O)
 
+def _temp_of(final: Path) -> Path:
+    """Where a file is copied before it is verified, made durable and renamed to ``final``."""
+    return final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
+
+
 def _copy_one(src: Path, dst_dir: Path, item: CopyItem, want_header: str | None
               ) -> tuple[CopyItem, Path, str | None]:
     """Copy to a temp name and verify it (size, header) through the page cache. (item, temp, error or None).
@@ -237,7 +242,7 @@ def _copy_one(src: Path, dst_dir: Path, item: CopyItem, want_header: str | None
     The temp is made durable and renamed by :func:`_commit`, a batch at a time.
     """
     final = dst_dir / item.name
-    tmp = final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
+    tmp = _temp_of(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         with open(src / item.name, "rb") as fin, open(tmp, "wb") as fout:
@@ -411,8 +416,10 @@ def prewarm(src_dir: Path, dst_dir: Path, *, marker: str = DEFAULT_MARKER, strea
         except BaseException:
             _STOP.set()  # running streams drop their temp files; queued ones never start
             pool.shutdown(wait=True, cancel_futures=True)
-            for tmp, _ in pending:
-                tmp.unlink(missing_ok=True)
+            # no stream runs now: drop every temp of this copy, the committed-to-be (pending) and the ones a
+            # stream finished but the loop had not taken yet when the signal came
+            for item in todo:
+                _temp_of(dst_dir / item.name).unlink(missing_ok=True)
             raise
         pool.shutdown(wait=True)
     secs = time.monotonic() - t_copy
@@ -490,6 +497,6 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
         return _prepare_local(profile, dst)
     src = opts.src or profile.model.source_path     # one of them is set: Options refused the other case
     signal.signal(signal.SIGTERM, _on_term)
-    return prewarm(_abs(src), dst,  # type: ignore[arg-type] marker=profile.marker_name, streams=opts.streams,
+    return prewarm(_abs(src), dst, marker=profile.marker_name, streams=opts.streams,  # type: ignore[arg-type]
                    revision=profile.model.revision, allow_unmarked_src=opts.allow_unmarked_src,
                    delete_extras=opts.delete_extras)

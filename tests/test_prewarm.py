@@ -55,6 +55,7 @@ def test_copy_verifies_and_writes_the_marker_then_preflight_passes(tmp_path, src
     rc, v = step(tmp_path, "--src", str(src), "--dst", str(dst), "--streams", "3")
     assert rc == 0, [c.detail for c in v.checks if c.status != "pass"]
     assert v.metrics["files_to_copy"] == v.metrics["files"] == 101
+    assert "with 3 streams" in {c.name: c for c in v.checks}["copy"].detail     # --streams reaches the copy
     marker = json.loads((dst / MARKER).read_text())
     assert marker["files"] == {p.name: p.stat().st_size for p in src.iterdir() if p.name != MARKER}
     assert not list(dst.glob("*.gauntlet-partial")) and not list(dst.glob(".*.gauntlet-partial"))
@@ -213,3 +214,23 @@ def test_write_marker_manifest_format(tmp_path):
     write_marker(tmp_path, revision="abc")
     m = json.loads((tmp_path / MARKER).read_text())
     assert m["revision"] == "abc" and m["files"] == {"a.json": 2, "sub/b.bin": 3} and m["created"]
+
+
+def test_interrupt_after_streams_finished_files_the_loop_had_not_taken_leaves_no_temp(tmp_path, src, monkeypatch):
+    """The race CI met: SIGTERM lands after a stream finished a file (its temp verified, not yet committed)
+    and before the loop took the result. Made deterministic: every stream finishes, then the interrupt."""
+    from concurrent.futures import wait
+
+    import gauntlet.steps.prewarm as pw
+
+    def finished_then_interrupted(futures):
+        wait(futures)                       # every temp file exists and is verified, none taken by the loop
+        raise KeyboardInterrupt
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(pw, "as_completed", finished_then_interrupted)
+    dst = tmp_path / "nvme"
+    with pytest.raises(KeyboardInterrupt):
+        prewarm(src, dst, streams=3, reserve_bytes=0)
+    assert not (dst / MARKER).exists()
+    assert sorted(p.name for p in dst.rglob("*gauntlet-partial")) == []
