@@ -2,7 +2,7 @@
 structures are held against in test_graph.py), and real runs of a tiny graph.
 
 The graph runs real subprocess steps through tests/fakes/fake_cli.py, which executes fake
-gates and the real cleanup step under the real evidence contract (steps._runner).
+gates and the real cleanup step under the real evidence contract (gauntlet.steps.runner).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A stand-in for `python -m gauntlet.workflows.cli` in runner tests: fake gates plus the real cleanup step.
 
-Every gate runs under the real evidence contract (steps._runner.run_step). The fake engine
+Every gate runs under the real evidence contract (gauntlet.steps.runner.run_step). The fake engine
 is tests/fakes/fake_engine.py, started detached and labelled exactly like the local deploy.
 """
 
