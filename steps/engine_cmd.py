@@ -11,9 +11,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from gauntlet.contract import UsageError
 from gauntlet.params.models import EngineArgs, EngineSpec
+from gauntlet.steps import _llamacpp
 
-__all__ = ["Placement", "engine_flags", "engine_command", "engine_env", "apply_change", "args_hash"]
+__all__ = ["Placement", "engine_flags", "engine_program", "engine_command", "engine_env", "apply_change",
+           "args_hash"]
 
 
 @dataclass(frozen=True)
@@ -98,29 +101,81 @@ def _vllm_flags(a: EngineArgs) -> list[str]:
     return f
 
 
+# llama.cpp knows none of these: a profile that sets them asks for something this engine cannot do
+# (the values that mean "not used" are accepted)
+_LLAMACPP_NO: dict[str, tuple[Any, ...]] = {
+    "tp_size": (1,), "ep_size": (None, 1), "dp_size": (None, 1), "moe_runner_backend": (None,),
+    "attention_backend": (None,), "enable_symm_mem": (False,), "hicache": (False,),
+    "disable_custom_all_reduce": (False,), "speculative": (None,)}
+# the KV cache's element type when the profile says "auto" (vLLM's meaning: the model's dtype)
+_LLAMACPP_KV = {"bf16": "bf16", "f16": "f16", "f32": "f32"}
+
+
+def _llamacpp_flags(a: EngineArgs) -> list[str]:
+    """llama.cpp 11434's llama-server flags (its common/arg.cpp), for the same experiment as vLLM's:
+    --ctx-size is the longest request (--kv-unified: every slot may use the whole context, as vLLM's
+    max-model-len is per request), -np the concurrent requests (vLLM's max-num-seqs), the KV cache in
+    the model's precision for "auto", and no prompt caching across or within requests unless
+    prefix_cache (--no-cache-prompt stops a slot reusing its previous prompt; --cache-ram 0 turns off the
+    host-memory prompt cache). The weights' precision is the GGUF file's (``args.dtype``, see
+    :func:`engine_command`), not a flag."""
+    bad = [f"{k}={getattr(a, k)!r}" for k, off in _LLAMACPP_NO.items()
+           if not any(getattr(a, k) is v or (type(v) is int and type(getattr(a, k)) is int and getattr(a, k) == v)
+                      for v in off)]
+    if bad:
+        raise UsageError(f"engines.llamacpp.args: llama.cpp's server has no mapping here for {', '.join(bad)}")
+    f: list[str] = ["--ctx-size", str(a.context_length), "--kv-unified"]
+    f += _flag("parallel", a.max_running_requests)
+    kv = a.kv_cache_dtype.lower()
+    kv = _LLAMACPP_KV[_llamacpp.gguf_outtype(a.dtype)] if kv == "auto" else {"bfloat16": "bf16", "fp16": "f16",
+                                                                               "float16": "f16"}.get(kv, kv)
+    f += ["--cache-type-k", kv, "--cache-type-v", kv]
+    f += ["--cache-prompt"] if a.prefix_cache else ["--no-cache-prompt", "--cache-ram", "0"]
+    return f
+
+
 def engine_flags(engine: str, spec: EngineSpec) -> list[str]:
     """The engine's flags for the profile's args and parsers (no model/port/placement)."""
     a = spec.args
-    f = _sglang_flags(a) if engine == "sglang" else _vllm_flags(a)
-    f += _flag("reasoning-parser", spec.reasoning_parser)
-    f += _flag("tool-call-parser", spec.tool_call_parser)
+    if engine == "llamacpp":
+        if spec.tool_call_parser is not None:
+            raise UsageError("engines.llamacpp.tool_call_parser: llama.cpp has no tool-call parser flag (it "
+                             "reads the format from the chat template); leave it null")
+        f = _llamacpp_flags(a)
+        f += _flag("reasoning-format", spec.reasoning_parser)
+    else:
+        f = _sglang_flags(a) if engine == "sglang" else _vllm_flags(a)
+        f += _flag("reasoning-parser", spec.reasoning_parser)
+        f += _flag("tool-call-parser", spec.tool_call_parser)
     for k, v in sorted(a.extra.items()):
         f += _flag(k, v)
     return f
 
 
+def engine_program(engine: str, python: str = "python3") -> list[str]:
+    """The program part of the command (what engine-check strips to feed the rest to the parser)."""
+    if engine == "sglang":
+        return [python, "-m", "sglang.launch_server"]
+    if engine == "vllm":
+        return [python, "-m", "vllm.entrypoints.openai.api_server"]
+    if engine == "llamacpp":
+        return [_llamacpp.program_for(python)]
+    raise ValueError(f"unknown engine {engine!r}")
+
+
 def engine_command(engine: str, spec: EngineSpec, *, model_path: str, served_name: str, python: str = "python3",
                    host: str = "0.0.0.0", placement: Placement = Placement()) -> list[str]:
     """The full argv that starts one rank of the engine."""
+    cmd = engine_program(engine, python)
     if engine == "sglang":
-        cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path,
-               "--served-model-name", served_name, "--host", host, "--port", str(spec.port)]
+        cmd += ["--model-path", model_path,
+                "--served-model-name", served_name, "--host", host, "--port", str(spec.port)]
         if placement.nnodes > 1:
             cmd += ["--nnodes", str(placement.nnodes), "--node-rank", str(placement.node_rank),
                     "--dist-init-addr", str(placement.dist_addr)]
     elif engine == "vllm":
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-               "--served-model-name", served_name, "--host", host, "--port", str(spec.port)]
+        cmd += ["--model", model_path,
+                "--served-model-name", served_name, "--host", host, "--port", str(spec.port)]
         if placement.nnodes > 1:
             addr, _, port = str(placement.dist_addr).partition(":")
             cmd += ["--nnodes", str(placement.nnodes), "--node-rank", str(placement.node_rank),
@@ -129,8 +184,12 @@ def engine_command(engine: str, spec: EngineSpec, *, model_path: str, served_nam
                 cmd += ["--master-port", port]
             if placement.node_rank > 0:
                 cmd += ["--headless"]
-    else:
-        raise ValueError(f"unknown engine {engine!r}")
+    elif engine == "llamacpp":
+        if placement.nnodes > 1:
+            raise UsageError("llama.cpp's server runs on one node; engines.llamacpp cannot be placed on "
+                             f"{placement.nnodes} nodes")
+        cmd += ["--model", str(_llamacpp.gguf_path(model_path, spec.args.dtype)), "--alias", served_name,
+                "--host", host, "--port", str(spec.port)]
     return cmd + engine_flags(engine, spec)
 
 

@@ -34,14 +34,13 @@ from gauntlet.workflows.refs import Ref
 
 __all__ = ["Task", "Dag", "Graph", "Need", "When", "ConditionError", "build_graph", "ORCHESTRATORS", "Orchestrator", "PHASES",
            "SUCCEEDED", "SUCCEEDED_OR_SKIPPED", "SUCCEEDED_OR_FAILED", "RUN_DIR", "ENGINE_SEQUENCE",
-           "ENGINES_CHOICES", "RETRY_LIMIT"]
+           "RETRY_LIMIT"]
 
 # which back end runs the graph (not where the engine runs: that is gauntlet.steps.backends)
 Orchestrator = Literal["argo", "local"]
 ORCHESTRATORS: tuple[Orchestrator, ...] = ("argo", "local")
 RUN_DIR = str(refs.parameter("run-dir"))
 ENGINE_SEQUENCE = "engine-sequence"
-ENGINES_CHOICES = ("both", "sglang", "vllm")
 # The step image built on the pinned vLLM image: the one bench client, CUDA torch for the GPU probe.
 BENCH_IMAGE = "steps-vllm"
 # Every step's retry policy, on both back ends: only exit gauntlet.contract.EXIT_TRANSIENT (a transient
@@ -332,7 +331,7 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
                               "--failures", str(refs.workflow("failures"))))
     params = {
         "engines": ("both" if len(profile.engines) > 1 else profile.baseline_engine,
-                    ENGINES_CHOICES if len(profile.engines) > 1 else (profile.baseline_engine,),
+                    ("both", *profile.engine_order()) if len(profile.engines) > 1 else (profile.baseline_engine,),
                     "which engine sequences run: the baseline, the experimental engine, or both"),
         "prewarm": ("false", ("false", "true"), "copy the model from CFS to each node's NVMe cache first"),
         "run-dir": (f"/runs/{refs.workflow('uid')}", None, "where every gate writes its evidence"),
