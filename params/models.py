@@ -201,6 +201,10 @@ class EngineSpec(Strict):
     longctx_blocked_from_tokens: int | None = Field(
         None, description="rungs at or above this are refused unless the image lists `longctx_fix`")
     longctx_fix: str | None = Field(None, description="fix name the image must list in engines.yaml `fixes`")
+    keep_alive: bool = Field(
+        True, description="false: this engine's server closes a kept-alive connection after a streamed reply "
+        "(llama.cpp 11434: docs/second-engine.md), so every client of the pipeline sends `Connection: close` to it, "
+        "and the bench client does so for every engine of the profile (one client, the same for all)")
     known_deviations: dict[str, str] = Field(
         {}, description="Gate 3 check name -> why this engine is known to fail it (with the engine source that "
         "says so): recorded 'known deviation' instead of failing the gate, shown in the report; a declared "
@@ -338,6 +342,11 @@ class Profile(Strict):
     @property
     def baseline_engine(self) -> str:
         return next(n for n, e in self.engines.items() if e.role == "baseline")
+
+    @property
+    def bench_keep_alive(self) -> bool:
+        """Whether the one bench client may pool connections: only when every engine's server keeps them."""
+        return all(e.keep_alive for e in self.engines.values())
 
     def engine_order(self) -> list[str]:
         """Baseline first, then experimental engines."""

@@ -66,6 +66,7 @@ class BenchRequest:
     backend: str = "openai"
     endpoint: str = "/v1/completions"
     extra_args: tuple[str, ...] = ()
+    keep_alive: bool = True      # False: every request on a new connection (profile bench.keep_alive)
 
 
 def client_argv(req: BenchRequest) -> list[str]:
@@ -85,6 +86,9 @@ def client_argv(req: BenchRequest) -> list[str]:
     ]
     if req.prefix_len:
         argv += ["--random-prefix-len", str(req.prefix_len)]
+    if not req.keep_alive:
+        # aiohttp then closes each connection after its response instead of pooling it
+        argv += ["--header", "Connection=close"]
     return argv + list(req.extra_args)
 
 

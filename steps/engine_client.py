@@ -47,10 +47,13 @@ class EngineClient:
     """
 
     def __init__(self, endpoint: str, timeout_s: float = 30.0, *, transport: httpx.BaseTransport | None = None,
-                 trust_env: bool = True, keep_log: bool = False, flag: str = "--endpoint"):
+                 trust_env: bool = True, keep_log: bool = False, flag: str = "--endpoint", keep_alive: bool = True):
         self.base = normalize_endpoint(endpoint, flag)
         timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        self.http = httpx.Client(base_url=self.base, timeout=timeout, transport=transport, trust_env=trust_env)
+        # keep_alive=False (engines.<e>.keep_alive): httpcore closes each connection after its reply
+        headers = None if keep_alive else {"Connection": "close"}
+        self.http = httpx.Client(base_url=self.base, timeout=timeout, transport=transport, trust_env=trust_env,
+                                 headers=headers)
         self.log: list[Exchange] = []
         self._keep = keep_log
 

@@ -289,7 +289,7 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     image = load_images().get(spec.image)
     fixes = list(image.fixes) if image else []
     lc = profile.longctx
-    with EngineClient(opts.endpoint, lc.timeout_s) as client:
+    with EngineClient(opts.endpoint, lc.timeout_s, keep_alive=spec.keep_alive) as client:
         try:
             client.get("/v1/models", timeout=30).raise_for_status()
         except httpx.HTTPError as exc:

@@ -139,7 +139,7 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
     def one(label: str, seed: int, num: int) -> dict[str, Any]:
         req = BenchRequest(endpoint, profile.model.served_name, tokenizer, case.input_len,
                            case.output_len, case.concurrency, num, seed, raw / f"{tag}-{label}.json",
-                           prefix_len=prefix_len)
+                           prefix_len=prefix_len, keep_alive=profile.bench_keep_alive)
         t0 = time.perf_counter()
         with Sampler(endpoint, interval_s=sample_interval) as s:
             run = run_client(req, python=bench_python)
@@ -160,7 +160,8 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
     if null_url:
         try:
             req = BenchRequest(null_url, profile.model.served_name, tokenizer, case.input_len, case.output_len,
-                               case.concurrency, n, seeds[0], raw / f"{tag}-ceiling.json", prefix_len=prefix_len)
+                               case.concurrency, n, seeds[0], raw / f"{tag}-ceiling.json", prefix_len=prefix_len,
+                               keep_alive=profile.bench_keep_alive)
             ceil = parse_result(run_client(req, python=bench_python).result, n)
             res.client_ceiling = ceil.get("output_throughput")
             res.client_ceiling_note = f"{n} requests at concurrency {case.concurrency} in {ceil.get('duration_s'):.3g} s"

@@ -400,7 +400,8 @@ def run_checks(client: EngineClient, profile: Profile, engine: str,
 def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     profile = opts.the_profile
     engine = profile.engine_name(opts.engine)
-    with EngineClient(opts.endpoint, profile.smoke.request_timeout_s, keep_log=True) as client:
+    with EngineClient(opts.endpoint, profile.smoke.request_timeout_s, keep_log=True,
+                      keep_alive=profile.engines[engine].keep_alive) as client:
         checks, seconds = run_checks(client, profile, engine)
     declared = profile.engines[engine].known_deviations
     deviations = {c.name: {"reason": declared[c.name], "observed": c.observed}
