@@ -39,7 +39,7 @@ FLAGS = {
               "--allow-unmarked-src": (False, False, None), "--delete-extras": (False, False, None)},
     preflight: {"--model-path": (None, False, None), "--pin": (None, False, None)},
     preflight_compare: {"--inputs": (None, True, None)},
-    engine_check: {"--engine": (None, True, {"sglang", "vllm"}), "--model-path": (None, False, None)},
+    engine_check: {"--engine": (None, True, {"sglang", "vllm", "llamacpp"}), "--model-path": (None, False, None)},
 }
 
 
