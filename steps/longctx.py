@@ -11,14 +11,14 @@ length) or ``error`` (5xx, no response, timeout: a crash). The profile says
 what each rung should do (``Rung.expect``):
 
 - ``pass``: anything but ``passed`` fails the gate;
-- ``fail``: a *known* capability limit (SmolLM2 finds this needle up to ~6K
-  prompt tokens and misses it at ~8.1K): ``missed``/``refused`` are recorded as
+- ``fail``: a *known* capability limit (SmolLM2-135M finds this needle at 1K and
+  2K and misses it at 10% depth at 4K on vLLM and llama.cpp alike): ``missed``/``refused`` are recorded as
   "beyond capability (known)" and pass; ``passed`` also passes, with a note to
   raise the expectation;
 - ``refused``: over the engine's max length: a 4xx is "beyond capability:
   refused by the engine" and passes; a 200 or a crash fails.
 
-The local ladder is 1K/2K/4K ``pass``, 8K ``fail`` (the known limit) and 16K
+The local ladder is 1K/2K ``pass``, 4K and 8K ``fail`` (the known limit) and 16K
 ``refused`` behind ``requires_all_lower``. Whatever the expectation, the ladder
 stops after the first rung that did not pass (higher rungs are recorded "not
 run"; within a rung, after its first missed depth), so a 1M request never
