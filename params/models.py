@@ -231,6 +231,9 @@ class BenchSpec(Strict):
     spread_max_rel: float = Field(0.1, description="(max-min)/median of output throughput for a stable case")
     cold_start_factor: float = Field(3.0, gt=1, description="a round whose first requests' TTFT is this many "
                                      "times its median TTFT paid a cold start (steps/perf.py)")
+    diagnostic_clients: list[Literal["sglang-bench-serving"]] = Field(
+        [], description="other clients run once per case after the main rounds, on the same requests; "
+        "reported apart, never in the A/B table (steps/_sglang_bench.py)")
     cases: list[BenchCase]
 
     @field_validator("rounds")

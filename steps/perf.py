@@ -27,6 +27,7 @@ from gauntlet.steps._bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchReq
                           run_client)
 from gauntlet.contract import Check, UsageError, param_name, write_json_atomic
 from gauntlet.steps._sampler import Sampler
+from gauntlet.steps._sglang_bench import DIAGNOSTIC_CLIENTS, run_sglang_client
 from gauntlet.steps._shared_options import ResultsOptions, check_endpoint
 from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.options import option
@@ -37,7 +38,7 @@ HELP = "Gate 4: benchmark matrix (vllm bench serve), warmup + rounds, median and
 NEEDS = Needs(model_cache="read", results_secret=True)
 
 __all__ = ["CaseResult", "measure_case", "case_table", "unlocks", "BenchOptions", "Options", "bench_fields", "run",
-           "run_matrix", "selected_cases", "TABLE_METRICS"]
+           "run_matrix", "selected_cases", "TABLE_METRICS", "diagnostic_clients", "run_diagnostics"]
 
 TABLE_METRICS = (*THROUGHPUT_METRICS, *LATENCY_METRICS, "success_rate")
 WARMUP_SEED_OFFSET = 1000
@@ -70,6 +71,12 @@ class Options(BenchOptions):
                         help="confirm: fresh rounds of cases the nightly suspects (steps/regress.py), kept apart "
                              "in the store")
     rounds: int | None = option(None, help="rounds after the warmup (default: the profile's)")
+    diagnostic_clients: tuple[str, ...] = option(
+        (), csv=True, help="another client run once per case after the main rounds on the same requests, "
+        f"reported apart and never in the A/B table: {', '.join(DIAGNOSTIC_CLIENTS)}, or none "
+        "(default: the profile's bench.diagnostic_clients; never in the confirm phase)")
+    diagnostic_python: str | None = option(None, help="the Python that has sglang, for the diagnostic client "
+                                                      "(default: this one)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,6 +85,10 @@ class Options(BenchOptions):
         selected_cases(self.the_profile, self.cases)
         if self.phase not in ("measure", "confirm"):
             raise UsageError(f"--phase {self.phase}: measure or confirm")
+        bad = [c for c in self.diagnostic_clients if c not in (*DIAGNOSTIC_CLIENTS, "none")]
+        if bad or ("none" in self.diagnostic_clients and len(self.diagnostic_clients) > 1):
+            raise UsageError(f"--diagnostic-clients {','.join(self.diagnostic_clients)}: "
+                             f"{', '.join(DIAGNOSTIC_CLIENTS)}, or none alone")
 
 
 @dataclass
@@ -335,6 +346,64 @@ def _ceiling_server(profile: Profile, skip: bool) -> Iterator[str | None]:
         cm.__exit__(None, None, None)
 
 
+def diagnostic_clients(opts: Options) -> list[str]:
+    """The diagnostic clients this step runs: ``--diagnostic-clients`` else the profile's; none when confirming."""
+    if opts.phase != "measure":
+        return []
+    chosen = opts.diagnostic_clients or tuple(opts.the_profile.bench.diagnostic_clients)
+    return [] if chosen == ("none",) else list(chosen)
+
+
+def run_diagnostics(opts: Options, out: Path, results: dict[str, CaseResult], tokenizer: str, engine: str
+                    ) -> tuple[dict[str, dict[str, Any]], list[Check]]:
+    """Each diagnostic client once per case, on the case's measured requests (its seed), after the main rounds
+    of every case in this step (so none of them follows another client's load; a later step's case starts
+    with its own warmup). Returns client -> case -> record, and
+    one check per case that never fails: a diagnostic that cannot run is a skip naming why. Its rows go to
+    the results store's ``diagnostics`` table (steps/results.py), never to the main ``rounds``."""
+    profile = opts.the_profile
+    found: dict[str, dict[str, Any]] = {}
+    checks: list[Check] = []
+    rows: list[dict[str, Any]] = []
+    for client in diagnostic_clients(opts):
+        for cr in results.values():
+            req = BenchRequest(opts.endpoint, profile.model.served_name, tokenizer, cr.input_len, cr.output_len,
+                               cr.concurrency, cr.num_prompts, profile.bench.seed,
+                               Path(out) / "raw" / f"{cr.case}-{client}.json", keep_alive=profile.bench_keep_alive)
+            main_s = sorted(r["client_s"] for r in cr.rounds if r.get("client_s"))
+            timeout = 300 + 10 * (main_s[len(main_s) // 2] if main_s else 60)
+            name = f"{cr.case}/diagnostic-{client}"
+            try:
+                rec = run_sglang_client(req, python=opts.diagnostic_python, timeout_s=timeout).record
+            except Exception as exc:  # noqa: BLE001 - a diagnostic never fails the gate: recorded, one line
+                why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                found.setdefault(client, {})[cr.case] = {"client": client, "error": why}
+                checks.append(Check(name, "skip", "ran on the same requests", None, f"not measured: {why}"))
+                continue
+            ok = rec["completed"] == cr.num_prompts and rec["failed"] == 0
+            found.setdefault(client, {})[cr.case] = rec
+            # the numbers stay out of the check: they belong to the report's diagnostic section only
+            checks.append(Check(name, "pass" if ok else "skip", "ran on the same requests",
+                                f"{rec['completed']}/{cr.num_prompts}",
+                                f"{client} replayed requests {rec['requests_sha256']}: completed "
+                                f"{rec['completed']}/{cr.num_prompts}, failed {rec['failed']}"
+                                f"{': ' + rec['first_error'] if rec.get('first_error') else ''} (a diagnostic, "
+                                "reported apart from the A/B table)"))
+            rows.append({**rec, "case": cr.case, "input_len": cr.input_len, "output_len": cr.output_len,
+                         "concurrency": cr.concurrency, "prefix_len": 0, "round": 1, "valid": ok,
+                         "invalid_reason": None if ok else "not every request completed"})
+    if rows and not opts.no_store:
+        from gauntlet.steps._runmeta import run_meta
+        from gauntlet.steps.results import append_rounds
+        try:
+            meta = run_meta(out, profile, engine, spec=profile.engine(engine))
+            append_rounds([{**meta, "phase": opts.phase, **r} for r in rows], opts.results_store)
+        except Exception as exc:  # noqa: BLE001 - the main rounds are stored already; this is a note
+            checks.append(Check("diagnostics/stored", "skip", "diagnostics table", None,
+                                f"not stored: {type(exc).__name__}: {exc}".splitlines()[0][:300]))
+    return found, checks
+
+
 def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     profile = opts.the_profile
     engine = profile.engine_name(opts.engine)
@@ -348,6 +417,8 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     checks: list[Check] = []
     for cr in results.values():
         checks += case_checks(cr, profile.bench.spread_max_rel, profile.hardware.kind == "kubernetes")
+    diagnostics, diag_checks = run_diagnostics(opts, out, results, tokenizer_for(profile, opts.tokenizer), engine)
+    checks += diag_checks
     outputs: dict[str, Any] = {}
     for name, (ok, why) in unlocks(profile, results).items():
         outputs[f"unlock_{param_name(name)}"] = ok
@@ -364,4 +435,6 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
         "wrapper_overhead_rel_max": max(overhead) if overhead else None,
         "client_import_s": round(client_import_s, 2),
     }
+    if diagnostics:     # another client's numbers: apart from "cases", never in the A/B table
+        metrics["diagnostics"] = diagnostics
     return checks, metrics

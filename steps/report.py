@@ -4,7 +4,8 @@ It reads only evidence (every ``verdict.json`` under the run directory, the
 perf/ladder/experiment/regress metrics in them) and, for the nightly trend,
 the results store. Sections: environment, gate verdicts with their checks,
 performance tables (median with min-max and IQR), the engine comparison (only
-under the fair A/B rule, else separate experiments and why), the ladder,
+under the fair A/B rule, else separate experiments and why), a diagnostic client's
+numbers in a section of their own (never in those tables), the ladder,
 experiments vs baseline, regression labels; plots: throughput vs concurrency
 per engine, TTFT/TPOT percentiles, ladder outcome, nightly trend.
 """
@@ -68,6 +69,52 @@ def perf_cases(verdicts: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any
         for name, c in (v.get("metrics", {}).get("cases") or {}).items():
             out.setdefault(_engine_of(rel, v), {})[name] = c
     return out
+
+
+def perf_diagnostics(verdicts: Mapping[str, Any]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """client -> engine -> case -> record, from every perf verdict's ``diagnostics`` (another client's
+    numbers, kept apart from ``cases``: never in the performance or A/B tables)."""
+    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for rel, v in _by_gate(verdicts, "perf").items():
+        for client, cases in (v.get("metrics", {}).get("diagnostics") or {}).items():
+            out.setdefault(client, {}).setdefault(_engine_of(rel, v), {}).update(cases or {})
+    return out
+
+
+# a diagnostic client's label (the results store's `client`) -> the name its section carries
+DIAGNOSTIC_TITLES = {"sglang-bench-serving": "sglang.bench_serving"}
+
+
+def _diagnostics_section(verdicts: Mapping[str, Any], cases: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    L: list[str] = []
+    for client, engines in perf_diagnostics(verdicts).items():
+        L += [f"## Diagnostic client: {DIAGNOSTIC_TITLES.get(client, client)} (not part of the A/B table)", "",
+              "One run per case, after the case's main rounds, on the same requests the pinned client sent "
+              "(drawn by vLLM's own dataset code, replayed through the other client). For reference only: the "
+              "main client's median is shown beside it; these numbers never enter the performance tables, the "
+              "engine comparison or the results store's main table.", "",
+              "| engine | case | conc | completed | out tok/s | main client median out tok/s | ratio | req/s | "
+              "TTFT p50 ms | TTFT p99 ms | TPOT p99 ms | ITL p99 ms | E2E p99 ms | requests |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for e, recs in engines.items():
+            for name, r in sorted(recs.items()):
+                main = ((cases.get(e, {}).get(name) or {}).get("table", {}).get("output_throughput") or {})
+                conc = (cases.get(e, {}).get(name) or {}).get("concurrency")
+                if r.get("error"):
+                    err = str(r["error"]).replace("|", "\\|")
+                    L.append(f"| {e} | {name} | {_fmt(conc)} | – | not measured: {err} | {_fmt(main.get('median'))} "
+                             "| – | – | – | – | – | – | – | – |")
+                    continue
+                tput, med = r.get("output_throughput"), main.get("median")
+                ratio = f"{tput / med:.2f}x" if tput and med else "–"
+                L.append(f"| {e} | {name} | {_fmt(conc if conc is not None else r.get('max_concurrency'))} | "
+                         f"{r.get('completed')}/{r.get('num_prompts')} | {_fmt(tput)} | {_fmt(med)} | {ratio} | "
+                         f"{_fmt(r.get('request_throughput'), 2)} | {_fmt(r.get('p50_ttft_ms'), 0)} | "
+                         f"{_fmt(r.get('p99_ttft_ms'), 0)} | {_fmt(r.get('p99_tpot_ms'))} | "
+                         f"{_fmt(r.get('p99_itl_ms'))} | {_fmt(r.get('p99_e2el_ms'), 0)} | "
+                         f"`{r.get('requests_sha256', '?')}` |")
+        L.append("")
+    return L
 
 
 def perf_meta(verdicts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -269,6 +316,7 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
         else:
             L += [f"No comparison table: {why}. Each engine's results above are a separate experiment."]
         L.append("")
+    L += _diagnostics_section(v, cases)
 
     # ladder
     L += ["## Long context (Gate 5)", ""]

@@ -88,12 +88,17 @@ def test_null_server_streams_the_usage_the_client_counts():
 
     from gauntlet.steps._null_server import null_server
     with null_server("m") as url:
-        req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps({"max_tokens": 5}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        body = urllib.request.urlopen(req, timeout=10).read().decode()
-    events = [e.removeprefix("data: ") for e in body.split("\n\n") if e]
+        def ask(body: dict) -> list[str]:
+            req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            text = urllib.request.urlopen(req, timeout=10).read().decode()
+            return [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+        events = ask({"max_tokens": 5, "stream_options": {"include_usage": True}})
+        plain = ask({"max_tokens": 5})
     assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 5
     assert sum(1 for e in events[:-2] if json.loads(e)["choices"][0]["text"]) == 5
+    # as vLLM: the usage chunk (empty choices) only when asked for; SGLang's client never asks
+    assert plain[-1] == "[DONE]" and all(json.loads(e)["choices"] for e in plain[:-1]) and len(plain) == 6
 
 
 @pytest.mark.engine
