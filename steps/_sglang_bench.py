@@ -214,6 +214,7 @@ def run_sglang_client(req: BenchRequest, *, python: str | None = None, timeout_s
     requests replayed) and ``<stem>.log``. A missing sglang or Python is a UsageError, a
     client that fails a TransientError: each one line naming the cause.
     """
+    start = time.perf_counter()
     python = python or sys.executable
     if samples is None and not client_available():
         raise UsageError("vLLM is not importable in this interpreter: the diagnostic draws its requests with "
@@ -255,7 +256,9 @@ def run_sglang_client(req: BenchRequest, *, python: str | None = None, timeout_s
     except (OSError, ValueError, IndexError) as exc:
         raise TransientError(f"{MODULE} wrote no result ({type(exc).__name__}); log: {log}") from None
     rec = parse_sglang_result(raw, req.num_prompts)
+    # client_s: the subprocess (its imports included); wall_s: the whole diagnostic (probe, sampling, client)
     rec.update(client=CLIENT, client_version=sglang_version(python), client_s=round(client_s, 3),
+               wall_s=round(time.perf_counter() - start, 3),
                seed=req.seed, requests_sha256=requests_digest(s.prompt for s in samples),
                requests_sampled_by=client_version())
     return SglangRun(rec, client_s, log, dataset, result)
