@@ -114,10 +114,9 @@ _LLAMACPP_KV = {"bf16": "bf16", "f16": "f16", "f32": "f32"}
 def _llamacpp_flags(a: EngineArgs) -> list[str]:
     """llama.cpp 11434's llama-server flags (its common/arg.cpp), for the same experiment as vLLM's:
     --ctx-size is the longest request (--kv-unified: every slot may use the whole context, as vLLM's
-    max-model-len is per request), -np the concurrent requests (vLLM's max-num-seqs), the KV cache in
-    the model's precision for "auto", and no prompt caching across or within requests unless
-    prefix_cache (--no-cache-prompt stops a slot reusing its previous prompt; --cache-ram 0 turns off the
-    host-memory prompt cache). The weights' precision is the GGUF file's (``args.dtype``, see
+    max-model-len is per request), --parallel the concurrent requests (vLLM's max-num-seqs), the KV cache in
+    the model's precision for "auto", prompt reuse only with prefix_cache (--no-cache-prompt stops a slot
+    reusing its previous prompt's KV), and never the host-memory prompt cache (--cache-ram 0). The weights' precision is the GGUF file's (``args.dtype``, see
     :func:`engine_command`), not a flag."""
     bad = [f"{k}={getattr(a, k)!r}" for k, off in _LLAMACPP_NO.items()
            if not any(getattr(a, k) is v or (type(v) is int and type(getattr(a, k)) is int and getattr(a, k) == v)
@@ -130,7 +129,10 @@ def _llamacpp_flags(a: EngineArgs) -> list[str]:
     kv = _LLAMACPP_KV[_llamacpp.gguf_outtype(a.dtype)] if kv == "auto" else {"bfloat16": "bf16", "fp16": "f16",
                                                                                "float16": "f16"}.get(kv, kv)
     f += ["--cache-type-k", kv, "--cache-type-v", kv]
-    f += ["--cache-prompt"] if a.prefix_cache else ["--no-cache-prompt", "--cache-ram", "0"]
+    # the prefix cache is a slot keeping its KV and a request reusing the common prefix (--cache-prompt);
+    # --cache-ram is another thing, a host-memory tier (HiCache's kind), off either way: with it on, every
+    # request saved and restored the unified KV and took ~37 s instead of ~1 s here
+    f += ["--cache-prompt" if a.prefix_cache else "--no-cache-prompt", "--cache-ram", "0"]
     return f
 
 
