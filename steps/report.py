@@ -143,6 +143,35 @@ def fair_ab(profile: Any, engines: list[str]) -> tuple[bool, str]:
     return True, f"same topology ({', '.join(f'{k}={a.get(k)}' for k in TOPOLOGY)}), context and options"
 
 
+AB_METRICS = (("output_throughput", "out tok/s", 1), ("p50_ttft_ms", "TTFT p50 ms", 0),
+              ("p99_tpot_ms", "TPOT p99 ms", 1), ("p99_e2el_ms", "E2E p99 ms", 0))
+
+
+def _ab_table(cases: Mapping[str, Mapping[str, Any]], a: str, b: str) -> list[str]:
+    """Case x metric: both engines' median [min-max] over their rounds, the ratio, and whether the two
+    ranges are apart (every round of one beyond every round of the other) or overlap (pure)."""
+    lines = [f"| case | metric | {a} | {b} | {b} / {a} | rounds apart |", "|---|---|---|---|---|---|"]
+    for name in sorted(set(cases[a]) & set(cases[b])):
+        for key, label, nd in AB_METRICS:
+            ta, tb = (cases[e][name].get("table", {}).get(key) or {} for e in (a, b))
+            if ta.get("median") is None or tb.get("median") is None:
+                continue
+            ratio = tb["median"] / ta["median"] if ta["median"] else None
+            apart = tb["min"] > ta["max"] or ta["min"] > tb["max"]
+            lines.append(f"| {name} | {label} | {_cell(ta, nd)} | {_cell(tb, nd)} | "
+                         f"{'–' if ratio is None else f'{ratio:.2f}x'} | {'yes' if apart else 'no: within noise'} |")
+    return lines
+
+
+def _known_deviations(verdicts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for rel, d in _by_gate(verdicts, "smoke").items():
+        kd = d.get("metrics", {}).get("known_deviations") or {}
+        if kd:
+            out.setdefault(_engine_of(rel, d), {}).update(kd)
+    return out
+
+
 def _fmt(x: Any, nd: int = 1) -> str:
     if x is None:
         return "–"
@@ -308,11 +337,13 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
     if len(engines) >= 2:
         L += ["### Engine comparison", ""]
         if ok:
-            L += [f"Fair A/B: {why}.", "", "| case | " + " | ".join(f"{e} out tok/s" for e in engines) + " |",
-                  "|---|" + "---|" * len(engines)]
-            for name in sorted(set.intersection(*(set(cases[e]) for e in engines))):
-                L.append(f"| {name} | " + " | ".join(_cell(cases[e][name].get("table", {}).get("output_throughput"))
-                                                    for e in engines) + " |")
+            L += [f"Fair A/B: {why}; one client, the same seed and requests.", ""]
+            L += _ab_table(cases, engines[0], engines[1])
+            devs = _known_deviations(v)
+            for e in engines:
+                if devs.get(e):
+                    L.append(f"- {e} passed Gate 3 with {len(devs[e])} declared known deviation(s): "
+                             f"{', '.join(sorted(devs[e]))} (engines.{e}.known_deviations)")
         else:
             L += [f"No comparison table: {why}. Each engine's results above are a separate experiment."]
         L.append("")

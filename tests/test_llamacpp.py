@@ -242,3 +242,26 @@ def test_an_engine_that_drops_kept_alive_connections_gets_connection_close_from_
     argv = client_argv(req)
     assert argv[argv.index("--header") + 1] == "Connection=close"
     assert "--header" not in client_argv(BenchRequest("http://e:1", "m", "t", 8, 8, 1, 2, 42, tmp_path / "r.json"))
+
+
+def test_the_report_compares_the_pair_metric_by_metric_and_names_declared_deviations():
+    from gauntlet.steps.report import render_markdown
+
+    def perf(engine: str, tput: tuple[float, float, float], ttft: tuple[float, float, float]) -> dict:
+        t = {"output_throughput": dict(zip(("min", "median", "max"), tput)),
+             "p50_ttft_ms": dict(zip(("min", "median", "max"), ttft))}
+        return {"gate": "perf", "status": "pass", "metrics": {"engine": engine, "cases": {
+            "c2-128-32": {"concurrency": 2, "input_len": 128, "output_len": 32, "rounds": [], "table": t}}}}
+
+    verdicts = {"vllm/perf": perf("vllm", (38.0, 40.0, 42.0), (100.0, 110.0, 120.0)),
+                "llamacpp/perf": perf("llamacpp", (50.0, 55.0, 60.0), (105.0, 115.0, 125.0)),
+                "llamacpp/smoke": {"gate": "smoke", "status": "pass", "metrics": {"engine": "llamacpp",
+                                   "known_deviations": {"tool-call": {"reason": "r", "observed": "o"}}}}}
+    md = render_markdown({"run_id": "r", "verdicts": verdicts}, load_profile("local-cpu"))
+    ab = md[md.index("### Engine comparison"):]
+    assert "Fair A/B" in ab
+    assert "| c2-128-32 | out tok/s | 40.0 [38.0–42.0] | 55.0 [50.0–60.0] | 1.38x | yes |" in ab
+    assert "| c2-128-32 | TTFT p50 ms | 110 [100–120] | 115 [105–125] | 1.05x | no: within noise |" in ab
+    assert "llamacpp passed Gate 3 with 1 declared known deviation(s): tool-call" in ab
+    md = render_markdown({"run_id": "r", "verdicts": verdicts}, _profile_with(args={"context_length": 4096}))
+    assert "No comparison table: vllm and llamacpp differ in context_length" in md
