@@ -14,7 +14,14 @@ Confirm before alarm, in two stages:
    ``max(k_suspect * sigma, floor * centre)``;
 2. *confirm*: the run measures a suspect case again (``confirm_rounds`` fresh
    rounds, same engine, same requests) and the median of those rounds is also
-   worse by more than ``max(k_confirm * sigma * sqrt(night_rounds / rounds), floor * centre)``.
+   worse by more than ``max(k_confirm * confirm_sigma, floor * centre)``. ``confirm_sigma``
+   is the sd of a median of that many rounds, taken from the history's own rounds: a
+   within-night sigma of one round (the median absolute difference between two rounds of
+   the same night, pooled over the window) scaled to a median of ``rounds``, plus what the
+   night sigma holds beyond the within-night spread of a night's median (the nights'
+   own offsets, which fresh rounds on the same night do not average away). Without
+   rounds in the history it falls back to ``max(k_confirm_scaled * sigma *
+   sqrt(night_rounds / rounds), floor * centre)``.
 
 Only a confirmed suspicion is ``regressed`` (fails the gate); an unconfirmed
 one is ``unconfirmed`` (passes, shown). A suspicion with no confirmation rounds
@@ -26,6 +33,7 @@ history``, which passes.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,7 +54,8 @@ HELP = "Nightly: label each case metric ok / regressed / improved / insufficient
 NEEDS = Needs(results_secret=True, size="large")
 
 __all__ = ["Options", "Rule", "Label", "METRICS", "judge_metric", "judge", "nightly_medians", "run", "DEFAULT_RULE",
-           "suspect_cases", "FAILING", "PASSING", "origin", "PROVENANCE"]
+           "suspect_cases", "FAILING", "PASSING", "origin", "PROVENANCE", "nightly_rounds", "round_sigma",
+           "confirm_sigma", "median_var"]
 
 # metric -> (direction: +1 higher is better, -1 lower is better, relative floor)
 METRICS: dict[str, tuple[int, float]] = {
@@ -71,8 +80,9 @@ class Rule:
     window: int = 14
     min_history: int = 7
     k_suspect: float = 1.5         # stage 1 (docs/regression.md: chosen on the evaluation's grid)
-    k_confirm: float = 3.0         # stage 2, in sigmas of a confirmation's median
+    k_confirm: float = 2.0         # stage 2, in sds of a confirmation's median from the history's rounds
     confirm_rounds: int = 6
+    k_confirm_scaled: float = 3.0  # stage 2 without the history's rounds: night sigmas x sqrt(night / confirm rounds)
 
 
 DEFAULT_RULE = Rule()
@@ -101,6 +111,41 @@ class Label:
         return asdict(self)
 
 
+# Variance of the median of n independent standard normal rounds (n = 1..12; pi / 2n beyond):
+# what a round sigma becomes for a night's median (3 rounds) and a confirmation's (6).
+_MEDIAN_VAR = (1.0, 0.5, 0.449, 0.298, 0.287, 0.215, 0.210, 0.168, 0.166, 0.138, 0.137, 0.118)
+_SIGMA_PER_PAIR_MAD = 1 / (0.67449 * math.sqrt(2))   # |x - y| of two N(0, s) rounds: median 0.954 s
+
+
+def median_var(n: int) -> float:
+    """Variance of the median of ``n`` independent rounds, in round variances (normal rounds)."""
+    return _MEDIAN_VAR[n - 1] if 0 < n <= len(_MEDIAN_VAR) else math.pi / (2 * n)
+
+
+def round_sigma(nights: Sequence[Sequence[float | None]], min_nights: int = 1) -> float | None:
+    """Within-night sigma of one round (pure): the median absolute difference between two rounds of the
+    same night, over every such pair of every night, as a normal sigma. Robust to the odd slow round, and
+    blind to offsets between nights. None with fewer than ``min_nights`` nights of two or more rounds."""
+    diffs, used = [], 0
+    for rounds in nights:
+        vals = [float(v) for v in rounds if v is not None and math.isfinite(float(v))]
+        if len(vals) >= 2:
+            used += 1
+            diffs += [abs(a - b) for a, b in itertools.combinations(vals, 2)]
+    if used < max(min_nights, 1):
+        return None
+    return _SIGMA_PER_PAIR_MAD * (median(diffs) or 0.0)
+
+
+def confirm_sigma(night_sigma: float, round_sd: float, night_rounds: int, rounds: int) -> float:
+    """The sd of a median of ``rounds`` fresh rounds around the centre (pure): the within-night part,
+    ``round_sd`` scaled to a median of ``rounds``, plus the between-night part, what ``night_sigma``
+    (the spread of nights' medians of ``night_rounds``) holds beyond its own within-night part."""
+    within = round_sd ** 2 * median_var(rounds)
+    between = max(0.0, night_sigma ** 2 - round_sd ** 2 * median_var(night_rounds))
+    return math.sqrt(within + between)
+
+
 def judge_metric(value: float | None, history: Sequence[float], direction: int, min_rel: float,
                  rule: Rule = DEFAULT_RULE) -> tuple[str, float | None, float | None, float | None]:
     """(label, centre, threshold, relative change) by the single-night band alone (pure)."""
@@ -111,8 +156,14 @@ def judge_metric(value: float | None, history: Sequence[float], direction: int, 
 
 def judge_two_stage(value: float | None, history: Sequence[float], direction: int, min_rel: float,
                     rule: Rule = DEFAULT_RULE, confirm: float | None = None, confirm_rounds: int = 0,
-                    night_rounds: int = 3) -> dict[str, Any]:
-    """Suspect, then confirm (pure): the label and both stages' numbers for one metric."""
+                    night_rounds: int = 3, history_rounds: Sequence[Sequence[float | None]] | None = None
+                    ) -> dict[str, Any]:
+    """Suspect, then confirm (pure): the label and both stages' numbers for one metric.
+
+    ``history_rounds`` are the rounds of the history's nights (oldest first; the last ``window`` are
+    used): with them the confirmation is judged in sds of its own median (``confirm_sigma``), without
+    them in night sigmas scaled by sqrt(night_rounds / confirm_rounds) (``k_confirm_scaled``).
+    """
     hist = [h for h in history if h is not None][-rule.window:]
     out: dict[str, Any] = {"label": "insufficient history", "centre": median(hist) if hist else None,
                            "threshold": None, "change_rel": None, "suspected": False, "confirm_value": None,
@@ -134,7 +185,11 @@ def judge_two_stage(value: float | None, history: Sequence[float], direction: in
     out["suspected"] = True
     if confirm is None or confirm_rounds <= 0:
         return {**out, "label": "regressed" if worse > band else "suspect"}
-    c_band = max(rule.k_confirm * sigma * math.sqrt(night_rounds / confirm_rounds), floor)
+    r_sd = round_sigma(list(history_rounds)[-rule.window:], rule.min_history) if history_rounds else None
+    if r_sd is None:
+        c_band = max(rule.k_confirm_scaled * sigma * math.sqrt(night_rounds / confirm_rounds), floor)
+    else:
+        c_band = max(rule.k_confirm * confirm_sigma(sigma, r_sd, night_rounds, confirm_rounds), floor)
     out.update(threshold=suspect_band, confirm_value=confirm, confirm_threshold=c_band, confirm_rounds=confirm_rounds,
                confirm_change_rel=(confirm - centre) / centre if centre else None)
     return {**out, "label": "regressed" if (centre - confirm) * direction > c_band else "unconfirmed"}
@@ -144,22 +199,29 @@ def judge(current: Mapping[tuple[str, str], Mapping[str, float | None]],
           history: Mapping[tuple[str, str], Sequence[Mapping[str, float | None]]],
           rule: Rule = DEFAULT_RULE, metrics: Mapping[str, tuple[int, float]] = METRICS,
           confirm: Mapping[tuple[str, str], tuple[Mapping[str, float | None], int]] | None = None,
-          night_rounds: int = 3) -> list[Label]:
+          night_rounds: int = 3,
+          history_rounds: Mapping[tuple[str, str], Sequence[Mapping[str, Sequence[float | None]]]] | None = None
+          ) -> list[Label]:
     """Labels for every (engine, case) of this night against its history of nights (oldest first).
 
     ``confirm`` maps a case to (medians of its confirmation rounds, how many rounds); a case absent
     from it had no confirmation (see the module's docstring for what a suspicion then becomes).
+    ``history_rounds`` maps a case to its history's nights' rounds ({metric: [round values]}, oldest
+    first, as ``nightly_rounds`` gives them): the confirmation's sigma comes from them.
     """
     out = []
     confirm = confirm or {}
+    history_rounds = history_rounds or {}
     for (engine, case), vals in sorted(current.items()):
         nights = list(history.get((engine, case), []))[-rule.window:]
+        r_nights = list(history_rounds.get((engine, case), []))[-rule.window:]
         c_vals, c_rounds = confirm.get((engine, case), ({}, 0))
         for metric, (direction, min_rel) in metrics.items():
             hist = [n.get(metric) for n in nights]
             hist = [h for h in hist if h is not None]
+            rounds = [list(n.get(metric) or []) for n in r_nights] or None
             j = judge_two_stage(vals.get(metric), hist, direction, min_rel, rule, c_vals.get(metric), c_rounds,
-                                night_rounds)
+                                night_rounds, rounds)
             out.append(Label(engine, case, metric, j.pop("label"), vals.get(metric), j.pop("centre"),
                              j.pop("threshold"), j.pop("change_rel"), len(hist), **j))
     return out
@@ -201,6 +263,13 @@ def suspect_cases(labels: Iterable[Label]) -> list[tuple[str, str]]:
 def nightly_medians(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = METRICS
                     ) -> dict[str, dict[tuple[str, str], dict[str, float | None]]]:
     """{run_id: {(engine, case): {metric: median of the valid rounds}}}, runs ordered oldest first."""
+    return {rid: {key: {m: median(vs) for m, vs in night.items()} for key, night in cases.items()}
+            for rid, cases in nightly_rounds(rows, metrics).items()}
+
+
+def nightly_rounds(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = METRICS
+                   ) -> dict[str, dict[tuple[str, str], dict[str, list[Any]]]]:
+    """{run_id: {(engine, case): {metric: [the valid rounds' values]}}}, runs ordered oldest first."""
     metrics = list(metrics)
     groups: dict[str, dict[tuple[str, str], list[Mapping[str, Any]]]] = {}
     stamp: dict[str, str] = {}
@@ -211,7 +280,7 @@ def nightly_medians(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = 
         groups.setdefault(rid, {}).setdefault((r["engine"], r["case"]), []).append(r)
         stamp[rid] = max(stamp.get(rid, ""), r.get("timestamp") or "")
     ordered = sorted(groups, key=lambda rid: (stamp[rid], rid))
-    return {rid: {key: {m: median(x.get(m) for x in rs) for m in metrics} for key, rs in groups[rid].items()}
+    return {rid: {key: {m: [x.get(m) for x in rs] for m in metrics} for key, rs in groups[rid].items()}
             for rid in ordered}
 
 
@@ -283,9 +352,11 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
             (r.get("args_hash"), r.get("client"))]
     current = nightly_medians(mine)[run_id]
     history: dict[tuple[str, str], list[dict[str, float | None]]] = {}
-    for night in nightly_medians(past).values():
+    history_rounds: dict[tuple[str, str], list[dict[str, list[Any]]]] = {}
+    for night in nightly_rounds(past).values():
         for key, vals in night.items():
-            history.setdefault(key, []).append(vals)
+            history.setdefault(key, []).append({m: median(vs) for m, vs in vals.items()})
+            history_rounds.setdefault(key, []).append(vals)
     confirm = {}
     if stage == "final" and confirm_rows:
         medians = nightly_medians(confirm_rows)[run_id]
@@ -294,7 +365,8 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
             if r.get("valid"):
                 counts[(r["engine"], r["case"])] = counts.get((r["engine"], r["case"]), 0) + 1
         confirm = {key: (vals, counts[key]) for key, vals in medians.items()}
-    labels = judge(current, history, rule, confirm=confirm, night_rounds=profile.bench.rounds)
+    labels = judge(current, history, rule, confirm=confirm, night_rounds=profile.bench.rounds,
+                   history_rounds=history_rounds)
     labels = [_with_origin(lb, past, mine, rule) if lb.label in FAILING else lb for lb in labels]
     checks = []
     for lb in labels:

@@ -282,3 +282,107 @@ def test_confirm_before_alarm_real_engine(tmp_path, endpoint):
     assert lb["origin"]["last_good"]["run_id"] == "night7" and lb["origin"]["first_bad"]["run_id"] == "tonight"
     assert "image_digest" in lb["origin"]["differed"]
     assert len(v["metrics"]["rounds"]["confirm"]["vllm/c2-128-32"]) == 6
+
+
+# ---- the confirmation's sigma from the history's rounds ------------------------------------------
+
+from gauntlet.steps.regress import confirm_sigma, median_var, round_sigma  # noqa: E402
+
+# 14 nights: each night's rounds m - 3, m, m + 3 (within-night pairs differ by 3, 3, 6); the nights'
+# medians m spread as a night median of such rounds would (robust night sigma 2.22)
+_OFFSETS = (-3, -2, -1.5, -1, -0.5, 0, 0, 0.5, 1, 1.5, 2, 3, -2.5, 2.5)
+_ROUNDS = [[100 + o - 3, 100 + o, 100 + o + 3] for o in _OFFSETS]
+
+
+def test_round_sigma_pools_pairs_within_nights_and_ignores_offsets_between_them():
+    assert round_sigma([[1.0, 2.0, 3.0]] * 7) == pytest.approx(1 / (0.67449 * 2 ** 0.5))
+    shifted = [[v + 50 * i for v in rs] for i, rs in enumerate([[1.0, 2.0, 3.0]] * 7)]
+    assert round_sigma(shifted) == round_sigma([[1.0, 2.0, 3.0]] * 7)
+    slow = [[1.0, 2.0, 300.0]] + [[1.0, 2.0, 3.0]] * 6                        # one slow round
+    assert round_sigma(slow) == round_sigma([[1.0, 2.0, 3.0]] * 7)
+    assert round_sigma([[1.0]] * 7) is None and round_sigma([[1.0, 2.0]] * 6, min_nights=7) is None
+
+
+def test_confirm_sigma_is_within_night_spread_plus_what_the_nights_add():
+    assert confirm_sigma(2.0, 0.0, 3, 6) == pytest.approx(2.0)                 # all between nights
+    only_within = 3.0 * median_var(3) ** 0.5                                   # night sigma = its within part
+    assert confirm_sigma(only_within, 3.0, 3, 6) == pytest.approx(3.0 * median_var(6) ** 0.5)
+    assert confirm_sigma(only_within, 3.0, 3, 12) < confirm_sigma(only_within, 3.0, 3, 6)
+    assert confirm_sigma(only_within + 1, 3.0, 3, 6) > confirm_sigma(only_within, 3.0, 3, 6)
+
+
+def test_history_rounds_confirm_a_drop_the_night_sigma_rule_leaves_unconfirmed():
+    hist = [rs[1] for rs in _ROUNDS]
+    new = judge_two_stage(95.0, hist, +1, 0.02, DEFAULT_RULE, confirm=96.0, confirm_rounds=6, history_rounds=_ROUNDS)
+    old = judge_two_stage(95.0, hist, +1, 0.02, DEFAULT_RULE, confirm=96.0, confirm_rounds=6)
+    assert new["suspected"] and new["label"] == "regressed"
+    assert old["suspected"] and old["label"] == "unconfirmed"
+    assert new["confirm_threshold"] < 4.0 < old["confirm_threshold"]
+    # too few nights with rounds: the night-sigma rule
+    few = judge_two_stage(95.0, hist, +1, 0.02, DEFAULT_RULE, confirm=96.0, confirm_rounds=6,
+                          history_rounds=_ROUNDS[:DEFAULT_RULE.min_history - 1])
+    assert few["confirm_threshold"] == old["confirm_threshold"]
+
+
+def test_nights_that_differ_more_than_their_rounds_keep_a_repeat_of_the_offset_unconfirmed():
+    """Tight rounds, nights far apart (a restart's warm state, a neighbour for hours): a confirmation on
+    the same night repeats the night's offset, and the between-night part of its sigma keeps it a suspicion."""
+    offsets = [-10, -6, -4, -3, -2, -1, 0, 0, 1, 2, 3, 4, 6, 10]
+    rounds = [[100 + o - 0.3, 100 + o, 100 + o + 0.3] for o in offsets]
+    hist = [rs[1] for rs in rounds]
+    j = judge_two_stage(92.0, hist, +1, 0.02, DEFAULT_RULE, confirm=92.0, confirm_rounds=6, history_rounds=rounds)
+    assert j["suspected"] and j["label"] == "unconfirmed"
+    within_only = DEFAULT_RULE.k_confirm * round_sigma(rounds) * median_var(6) ** 0.5
+    assert within_only < 100 - 92.0 < j["confirm_threshold"]
+
+
+def _rows_of_night(i, rounds, phase="measure"):
+    return [dict(run_id=f"night{i:02d}", profile="local-cpu", engine="vllm", date=f"2026-11-{i + 1:02d}",
+                 timestamp=f"2026-11-{i + 1:02d}T0{2 if phase == 'measure' else 3}:00:00", client="vllm-bench-serve",
+                 args_hash="h", experiment="baseline", phase=phase, case="c2-128-32", round=r + 1, valid=True,
+                 image_digest="sha256:aaa" if i < len(_ROUNDS) else "sha256:bbb", output_throughput=v,
+                 request_throughput=v / 32, p99_ttft_ms=300.0, p99_tpot_ms=40.0, p99_e2el_ms=1500.0)
+            for r, v in enumerate(rounds)]
+
+
+def test_two_night_step_only_the_rounds_rule_labels(tmp_path):
+    """Two nights 5% down: the first night's confirmation (median 97) clears both rules; the second's
+    (median 96) is confirmed by the store's rounds and not by the night-sigma rule."""
+    store = tmp_path / "store"
+    a, b = len(_ROUNDS), len(_ROUNDS) + 1
+    rows = [r for i, rs in enumerate(_ROUNDS) for r in _rows_of_night(i, rs)]
+    rows += _rows_of_night(a, [93.0, 95.0, 97.0]) + _rows_of_night(a, [94.0, 96.0, 97.0, 97.0, 98.0, 99.0], "confirm")
+    rows += _rows_of_night(b, [93.0, 95.0, 97.0]) + _rows_of_night(b, [93.0, 95.0, 96.0, 96.0, 97.0, 99.0], "confirm")
+    append_rounds(rows, store)
+    labels = {}
+    for night in (a, b):
+        _, metrics = run(_stage_args(tmp_path, f"night{night:02d}", "final"), tmp_path / f"out{night}")
+        labels[night] = next(x for x in metrics["labels"] if x["metric"] == "output_throughput")
+    assert labels[a]["label"] == "unconfirmed" and labels[b]["label"] == "regressed"
+    assert labels[b]["origin"]["first_bad"]["run_id"] == f"night{a:02d}"
+    # the same nights by the night-sigma rule (no rounds): neither is labelled
+    hist = [rs[1] for rs in _ROUNDS] + [95.0]
+    for night, conf in ((a, 97.0), (b, 96.0)):
+        h = hist[:len(_ROUNDS) + (night - a)]
+        assert judge_two_stage(95.0, h, +1, 0.02, DEFAULT_RULE, confirm=conf, confirm_rounds=6)["label"] == \
+            "unconfirmed"
+
+
+def _simulate(step, trials=1000, cv=0.05, seed=11, rounds=True):
+    """Normal rounds, 14 nights of 3, a night and its 6 confirmation rounds ``step`` down: how often labelled."""
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(trials):
+        nights = [[100 * (1 + rng.gauss(0, cv)) for _ in range(3)] for _ in range(14)]
+        hist = [sorted(rs)[1] for rs in nights]
+        night = sorted(100 * (1 - step) * (1 + rng.gauss(0, cv)) for _ in range(3))[1]
+        conf = sorted(100 * (1 - step) * (1 + rng.gauss(0, cv)) for _ in range(6))
+        j = judge_two_stage(night, hist, +1, 0.02, DEFAULT_RULE, confirm=(conf[2] + conf[3]) / 2, confirm_rounds=6,
+                            history_rounds=nights if rounds else None)
+        hits += j["label"] == "regressed"
+    return hits / trials
+
+
+def test_no_change_stays_within_the_budget_and_a_step_is_found_more_often():
+    assert _simulate(0.0) <= 0.01
+    assert _simulate(0.10) > _simulate(0.10, rounds=False) + 0.03
