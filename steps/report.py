@@ -332,13 +332,15 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
     for key in ("throughput", "latency"):
         if key in plots:
             L += [f"![{key}]({plots[key]})", ""]
-    engines = list(cases)
+    # the baseline first: the comparison reads "experimental / baseline"
+    order = profile.engine_order() if profile is not None else []
+    engines = sorted(cases, key=lambda e: (order.index(e) if e in order else len(order), e))
     ok, why = fair_ab(profile, engines)
     if len(engines) >= 2:
         L += ["### Engine comparison", ""]
         if ok:
             L += [f"Fair A/B: {why}; one client, the same seed and requests.", ""]
-            L += _ab_table(cases, engines[0], engines[1])
+            L += _ab_table(cases, engines[0], engines[1]) + [""]
             devs = _known_deviations(v)
             for e in engines:
                 if devs.get(e):

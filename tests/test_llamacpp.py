@@ -253,13 +253,13 @@ def test_the_report_compares_the_pair_metric_by_metric_and_names_declared_deviat
         return {"gate": "perf", "status": "pass", "metrics": {"engine": engine, "cases": {
             "c2-128-32": {"concurrency": 2, "input_len": 128, "output_len": 32, "rounds": [], "table": t}}}}
 
-    verdicts = {"vllm/perf": perf("vllm", (38.0, 40.0, 42.0), (100.0, 110.0, 120.0)),
-                "llamacpp/perf": perf("llamacpp", (50.0, 55.0, 60.0), (105.0, 115.0, 125.0)),
+    verdicts = {"llamacpp/perf": perf("llamacpp", (50.0, 55.0, 60.0), (105.0, 115.0, 125.0)),
+                "vllm/perf": perf("vllm", (38.0, 40.0, 42.0), (100.0, 110.0, 120.0)),
                 "llamacpp/smoke": {"gate": "smoke", "status": "pass", "metrics": {"engine": "llamacpp",
                                    "known_deviations": {"tool-call": {"reason": "r", "observed": "o"}}}}}
     md = render_markdown({"run_id": "r", "verdicts": verdicts}, load_profile("local-cpu"))
     ab = md[md.index("### Engine comparison"):]
-    assert "Fair A/B" in ab
+    assert "Fair A/B" in ab and "| case | metric | vllm | llamacpp | llamacpp / vllm |" in ab   # baseline first
     assert "| c2-128-32 | out tok/s | 40.0 [38.0–42.0] | 55.0 [50.0–60.0] | 1.38x | yes |" in ab
     assert "| c2-128-32 | TTFT p50 ms | 110 [100–120] | 115 [105–125] | 1.05x | no: within noise |" in ab
     assert "llamacpp passed Gate 3 with 1 declared known deviation(s): tool-call" in ab
