@@ -160,18 +160,23 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while inside, so `finally` blocks kill what we started."""
+    """Treat SIGTERM and SIGINT as Ctrl-C while inside, so `finally` blocks kill what we started.
+
+    SIGINT too: a process started in the background by a non-interactive shell (`cmd &`, CI jobs)
+    inherits SIGINT *ignored*, and Python then installs no KeyboardInterrupt for it, so an interrupt
+    would be lost and the engine left running."""
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     except ValueError:            # not the main thread: leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 # ------------------------------------------------------------ the engine
