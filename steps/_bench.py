@@ -169,20 +169,26 @@ def _run_inprocess(argv: list[str], log_path: Path) -> float:
         return time.perf_counter() - t0
 
 
-def _run_subprocess(argv: list[str], log_path: Path, python: str, timeout_s: float | None) -> float:
+def run_logged(cmd: list[str], log_path: Path, what: str, timeout_s: float | None) -> tuple[int, float]:
+    """(exit code, seconds) of a client subprocess writing into ``log_path``; a missing interpreter is a
+    UsageError naming ``what`` and it, a timeout a TransientError (a bench client of either kind)."""
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run([python, "-c", _CLIENT_SNIPPET, *argv], stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s, check=False)
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
         except FileNotFoundError:
-            raise UsageError(f"bench client python {python!r} not found") from None
+            raise UsageError(f"{what} python {cmd[0]!r} not found") from None
         except subprocess.TimeoutExpired:
-            raise TransientError(f"bench client ran past {timeout_s}s; log: {log_path}") from None
-    if proc.returncode != 0:
+            raise TransientError(f"{what} ran past {timeout_s:.0f} s; log: {log_path}") from None
+    return proc.returncode, time.perf_counter() - t0
+
+
+def _run_subprocess(argv: list[str], log_path: Path, python: str, timeout_s: float | None) -> float:
+    rc, seconds = run_logged([python, "-c", _CLIENT_SNIPPET, *argv], log_path, "bench client", timeout_s)
+    if rc != 0:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-        raise TransientError(f"bench client exited {proc.returncode}: {tail[0][:200]}; log: {log_path}")
-    return time.perf_counter() - t0
+        raise TransientError(f"bench client exited {rc}: {tail[0][:200]}; log: {log_path}")
+    return seconds
 
 
 def parse_result(result: Mapping[str, Any], num_prompts: int | None = None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gauntlet.contract import TransientError, UsageError
-from gauntlet.steps._bench import BenchRequest, client_argv, client_available
+from gauntlet.steps._bench import BenchRequest, client_argv, client_available, run_logged
 from gauntlet.steps._runmeta import client_version
 from gauntlet.steps.engine_client import normalize_endpoint
 
@@ -236,20 +236,11 @@ def run_sglang_client(req: BenchRequest, *, python: str | None = None, timeout_s
     dataset.write_text("\n".join(dataset_lines(samples)) + "\n")
     argv = sglang_argv(req, dataset, result)
     result.unlink(missing_ok=True)               # the client appends to its output file
-    t0 = time.perf_counter()
-    with open(log, "w") as fh:
-        try:
-            proc = subprocess.run([python, "-m", MODULE, *argv], stdout=fh, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s, check=False)
-        except FileNotFoundError:
-            raise UsageError(f"diagnostic python {python!r} not found") from None
-        except subprocess.TimeoutExpired:
-            raise TransientError(f"{MODULE} ran past {timeout_s:.0f} s; log: {log}") from None
-    client_s = time.perf_counter() - t0
-    if proc.returncode != 0:
+    rc, client_s = run_logged([python, "-m", MODULE, *argv], log, "diagnostic", timeout_s)
+    if rc != 0:
         text = log.read_text(errors="replace")
         why = "every request failed" if "All requests failed" in text else _last_line(text)
-        raise TransientError(f"{MODULE} exited {proc.returncode}: {why}; log: {log}")
+        raise TransientError(f"{MODULE} exited {rc}: {why}; log: {log}")
     try:
         line = [x for x in result.read_text().splitlines() if x.strip()][-1]
         raw = json.loads(line)

@@ -176,7 +176,7 @@ def test_report_shows_diagnostics_only_in_their_own_section(tmp_path):
     assert "| vllm | c2-128-32 | 2 | 16/16 | 1234.6 | 70.0 |" in diag
     # the A/B table itself holds the main client's medians only
     ab = sections["Performance (Gate 4)"].split("### Engine comparison", 1)[1]
-    assert "| c2-128-32 | 80.0 [78.4–81.6] IQR 1.6 | 70.0 [68.6–71.4] IQR 1.4 |" in ab
+    assert "| c2-128-32 | out tok/s | 80.0 [78.4–81.6] IQR 1.6 | 70.0 [68.6–71.4] IQR 1.4 |" in ab
 
 
 def test_report_without_diagnostics_has_no_such_section(tmp_path):
