@@ -83,7 +83,8 @@ def test_engine_check_fails_on_injected_mistakes_naming_the_flag(adapter, update
 
 def test_a_variant_that_changes_two_groups_of_options_fails(adapter):
     p = load_profile("local-cpu")
-    v = p.experiments[0].model_copy(update={"name": "two", "change": {"extra": {"threads": 1, "cache-prompt": True}}})
+    v = p.experiments[0].model_copy(update={"name": "two", "engine": None,
+                                            "change": {"extra": {"threads": 1, "cache-prompt": True}}})
     checks = _checks(adapter, p.model_copy(update={"experiments": [v]}))
     assert checks["variant-two"].status == "fail"
     assert "2 groups" in checks["variant-two"].detail

@@ -347,20 +347,21 @@ def _stop_child(proc: subprocess.Popen) -> None:
 
 
 class _sigterm_as_interrupt:
-    """SIGTERM to the runner behaves like Ctrl-C: stop the current gate, run the exit handler."""
+    """SIGTERM to the runner behaves like Ctrl-C: stop the current gate, run the exit handler. SIGINT is
+    installed too: a runner started in the background by a non-interactive shell inherits it ignored."""
 
     def __enter__(self):
         def handler(signum, frame):
             raise KeyboardInterrupt(f"signal {signum}")
         try:
-            self.prev = signal.signal(signal.SIGTERM, handler)
+            self.prev = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
         except ValueError:
             self.prev = None
         return self
 
     def __exit__(self, *exc):
-        if self.prev is not None:
-            signal.signal(signal.SIGTERM, self.prev)
+        for sig, old in (self.prev or {}).items():
+            signal.signal(sig, old)
 
 
 def _read_verdict(out: Path) -> tuple[str | None, list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
