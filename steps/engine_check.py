@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gauntlet.contract import Check
 from gauntlet.params.models import Profile
-from gauntlet.steps import Needs
+from gauntlet.steps import Needs, _llamacpp
 from gauntlet.steps._shared_options import engine_option
 from gauntlet.steps.engine_cmd import Placement, apply_change, engine_command, engine_program
 from gauntlet.steps.options import GateOptions, option
@@ -258,11 +262,6 @@ class LlamaCppAdapter:
     rank_flags: frozenset[str] = frozenset()     # one node: no placement flags
 
     def __init__(self, python: str | None = None) -> None:
-        import os
-        import subprocess
-        import sys
-
-        from gauntlet.steps import _llamacpp
         self._python = python or sys.executable
         self._program = _llamacpp.program_for(self._python)
         self._home = _llamacpp.home(self._python)
@@ -272,21 +271,18 @@ class LlamaCppAdapter:
             h = subprocess.run([self._program, "--help"], capture_output=True, text=True, timeout=60, env=self._env)
         except OSError as exc:
             raise ImportError(f"{self._program}: {exc.strerror}") from None
-        self._table = _llamacpp.parse_help(h.stdout + h.stderr)
+        self._help = h.stdout + h.stderr
+        self._table = _llamacpp.parse_help(self._help)
         if "--ctx-size" not in self._table:
             raise ImportError(f"{self._program} --help lists no --ctx-size: not llama.cpp's server")
         try:
             self.version = (self._home / "VERSION").read_text().strip()
         except OSError:
             self.version = None
-        self._options_of = _llamacpp.options_of
-        self._run = subprocess.run
 
     def architectures(self) -> list[str]:
-        import json
-        import os
         src = self._home / "src"
-        r = self._run([self._python, "-c", "import conversion, json; print(json.dumps(sorted(conversion.TEXT_MODEL_MAP)))"],
+        r = subprocess.run([self._python, "-c", "import conversion, json; print(json.dumps(sorted(conversion.TEXT_MODEL_MAP)))"],
                       capture_output=True, text=True, timeout=120, cwd=src,
                       env={**self._env, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), str(src)])})
         if r.returncode != 0:
@@ -302,17 +298,15 @@ class LlamaCppAdapter:
         return info.group if info else flag
 
     def parse(self, argv: list[str]) -> tuple[str | None, dict[str, Any] | None]:
-        r = self._run([self._program, *argv, "--version"], capture_output=True, text=True, timeout=60, env=self._env)
+        r = subprocess.run([self._program, *argv, "--version"], capture_output=True, text=True, timeout=60, env=self._env)
         if r.returncode != 0:
             lines = [x.strip() for x in (r.stderr + r.stdout).splitlines() if x.strip()]
             err = next((x for x in lines if x.startswith("error")), lines[0] if lines else f"exit {r.returncode}")
             return err, None
-        return None, self._options_of(argv, self._table)
+        return None, _llamacpp.options_of(argv, self._table)
 
     def reasoning_parsers(self) -> list[str]:
-        import re
-        r = self._run([self._program, "--help"], capture_output=True, text=True, timeout=60, env=self._env)
-        text = r.stdout + r.stderr
+        text = self._help           # the formats its --help lists under --reasoning-format
         at = text.find("--reasoning-format")
         block = text[at:text.find("(env:", at)] if at >= 0 else ""
         return sorted(set(re.findall(r"^\s+- ([\w-]+):", block, re.M)) | {"auto"})
