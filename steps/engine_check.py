@@ -363,6 +363,14 @@ def _diff(a: dict[str, Any], b: dict[str, Any], defaults: dict[str, Any]) -> dic
             if a.get(f, defaults.get(f)) != b.get(f, defaults.get(f))}
 
 
+def _by_error(errs: dict[str, str]) -> list[tuple[list[str], str]]:
+    """The same rejection on several ranks said once: [(ranks, error)] in the ranks' order."""
+    out: dict[str, list[str]] = {}
+    for rank, err in errs.items():
+        out.setdefault(err, []).append(rank)
+    return [(rs, e) for e, rs in out.items()]
+
+
 def _show(d: dict[str, tuple[Any, Any]]) -> str:
     return ", ".join(f"{f} {x!r}->{y!r}" for f, (x, y) in d.items())
 
@@ -390,8 +398,11 @@ def _variant_check(facts: dict[str, Any], name: str, ranks: list[str]) -> Check:
     check = f"variant-{name}"
     errs = {r: facts["parse"][f"{name}/{r}"] for r in ranks if facts["parse"][f"{name}/{r}"]}
     if errs:
+        if all(facts["parse"].get(r) == e for r, e in errs.items()):
+            return Check(check, "fail", "accepted", errs, f"variant {name!r} inherits the baseline command's "
+                         f"rejection ({', '.join(errs)}; see cli-flags)")
         return Check(check, "fail", "accepted", errs, "; ".join(
-            f"{eng}'s own parser rejects variant {name!r} ({r}): {e}" for r, e in errs.items()))
+            f"{eng}'s own parser rejects variant {name!r} ({', '.join(rs)}): {e}" for rs, e in _by_error(errs)))
     base = opts.get(ranks[0])
     if base is None:
         return Check(check, "skip", None, None, "the baseline command did not parse (see cli-flags)")
@@ -452,7 +463,8 @@ def judge(facts: dict[str, Any], profile: Profile, engine: str, archs: list[str]
     ranks = [k for k in facts["parse"] if "/" not in k]
     bad = {rank: err for rank in ranks if (err := facts["parse"][rank])}
     checks.append(Check("cli-flags", "fail" if bad else "pass", "accepted", bad or "accepted",
-                        "; ".join(f"{eng}'s own parser rejects the {rank} command: {err}" for rank, err in bad.items())
+                        "; ".join(f"{eng}'s own parser rejects the {' and '.join(rs)} command{'s' * (len(rs) > 1)}: "
+                                  f"{err}" for rs, err in _by_error(bad))
                         if bad else f"{eng}'s own parser accepts the planned command ({', '.join(ranks)})"))
     checks.append(_ranks_check(facts, ranks))
     if facts.get("rules_missing"):

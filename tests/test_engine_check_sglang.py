@@ -99,6 +99,26 @@ def test_misspelled_flag_fails_naming_it(sglang):
     assert c["cli-flags"].status == "fail" and "unrecognized arguments: --enable-symm-memory" in c["cli-flags"].detail
 
 
+def test_a_mistake_shared_by_every_command_is_said_once(sglang):
+    """Both ranks' rejection is one sentence; variants built on the bad baseline point at it, not repeat it."""
+    c = _checks(sglang, _with(KIMI, args={"extra": {"enable-symm-memory": True}}))
+    assert c["cli-flags"].detail.count("unrecognized arguments") == 1
+    assert "rank0 and rank1 commands" in c["cli-flags"].detail
+    for v in ("prefix-cache", "dspark", "hicache"):
+        d = c[f"variant-{v}"]
+        assert d.status == "fail" and "inherits the baseline command's rejection (rank0, rank1" in d.detail
+        assert set(d.observed) == {"rank0", "rank1"}
+
+
+def test_a_mistake_only_in_a_variant_names_the_variant_s_own_error(sglang):
+    bad = [Variant(name="typo", engine="sglang", change={"extra": {"enable-hierarchical-cach": True}})]
+    c = _checks(sglang, _with(KIMI, experiments=bad))
+    assert c["cli-flags"].status == "pass"
+    d = c["variant-typo"]
+    assert d.status == "fail" and "rejects variant 'typo' (rank0, rank1)" in d.detail
+    assert d.detail.count("--enable-hierarchical-cach") == 1
+
+
 def test_an_abbreviation_is_not_accepted_for_the_flag(sglang):
     """sglang serve itself would take --enable-symm as --enable-symm-mem (argparse prefix matching); the plan may not."""
     c = _checks(sglang, _with(KIMI, args={"extra": {"enable-symm": True}}))
