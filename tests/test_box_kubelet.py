@@ -426,3 +426,24 @@ def test_real_argoexec_reports_outputs_retries_and_logs_through_the_kubelet(box_
     code, log = box.request("GET", f"/api/v1/namespaces/{s.ns}/pods/{pod.name}/log?container=main")
     assert code == 200 and "said hi" in str(log)
     assert s.kubelet.errors == []
+
+
+def test_paths_under_tmp_stay_visible_under_any_cover_of_tmp(tmp_path):
+    """A box cache or checkout under /tmp (a CI clone, GAUNTLET_BOX_CACHE=/tmp/...) must be re-bound inside a
+    container whose /tmp is covered, by the private /tmp or by a volume (Argo's wait container mounts its
+    emptyDir there): without it the wait container found no /bin/argoexec."""
+    assert str(tmp_path.resolve()).startswith("/tmp/")
+    cache, app = tmp_path / "cache" / "bin", tmp_path / "cache" / "app"
+    cache.mkdir(parents=True)
+    app.mkdir()
+    other = tmp_path / "checkout"
+    other.mkdir()
+    got = P.keep_under_tmp([str(cache), str(app), str(tmp_path / "cache"), str(other), "/usr/bin",
+                            str(tmp_path / "missing")], {"/tmp"})
+    assert [(m.source, m.target) for m in got] == [(str(tmp_path / "cache"),) * 2, (str(other),) * 2]
+    # where a volume already sits at that path, the volume wins
+    assert P.keep_under_tmp([str(other)], {str(other)}) == []
+    # the plan mounts them after what covers /tmp, so they are seen through it
+    plan = P.mount_plan({"volumeMounts": [{"name": "tmp-dir-argo", "mountPath": "/tmp"}]},
+                        {"tmp-dir-argo": str(tmp_path / "emptydir")}, got)
+    assert [m.target for m in plan][0] == "/tmp" and {m.target for m in plan[1:]} == {m.target for m in got}

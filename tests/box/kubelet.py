@@ -76,7 +76,7 @@ from typing import Any
 
 from box.podplan import (GPU, HOST_PATH, LOOPBACK, ConfigError, ContainerRun, ImageKey, ImageRun, Mount,
                          choose_behaviour, container_argv, downward_files, engine_argv, find_image, gpus_requested,
-                         hosts_text, mount_plan, mountpoint_on_host, node_fits, pod_phase, pod_status,
+                         hosts_text, keep_under_tmp, mount_plan, mountpoint_on_host, node_fits, pod_phase, pod_status,
                          resolve_env, standin_argv, standin_behaviours, standin_key)
 
 __all__ = ["ProcessKubelet", "ImageRun", "default_images"]
@@ -135,12 +135,6 @@ def default_images(bin_dir: str | Path, executor_image: str, repo: Path = REPO) 
         for ref in (img.ref, img.internal, f"{img.repository}:{img.tag}", f"{img.repository}@{img.digest}"):
             table[ref] = run
     return table
-
-
-def _under_tmp(paths: Sequence[str]) -> list[str]:
-    """The outermost of ``paths`` that lie under /tmp (each once, none inside another)."""
-    tmp = [str(Path(p).resolve()) for p in paths if Path(p).resolve().is_relative_to("/tmp") and Path(p).exists()]
-    return sorted({p for p in tmp if not any(p != q and Path(p).is_relative_to(q) for q in tmp)})
 
 
 class _Guarded(threading.Thread):
@@ -875,10 +869,10 @@ class ProcessKubelet:
             tmp.mkdir(parents=True, exist_ok=True)
             os.chmod(tmp, 0o1777)
             extra.append(Mount(str(tmp), "/tmp"))
-            # what the image table takes from this machine must stay visible under the private /tmp:
-            # a checkout (and its venv) in /tmp, the image's app dir, a PATH entry there
-            for keep in _under_tmp([str(REPO), *image.mounts.values(), *image.path]):
-                extra.append(Mount(keep, keep))
+        # what the image table takes from this machine must stay visible under whatever covers /tmp, the private
+        # /tmp or a volume there (Argo's wait container mounts its emptyDir at /tmp): a checkout (and its venv)
+        # in /tmp, the image's app dir, a PATH entry there (argoexec's, when the box cache is under /tmp)
+        extra += keep_under_tmp([str(REPO), *image.mounts.values(), *image.path], mounted)
         auto = run.pod["spec"].get("automountServiceAccountToken")
         if SA_DIR not in mounted and auto is not False:
             sa = run.dir / "serviceaccount"

@@ -14,6 +14,7 @@ import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["LOOPBACK", "HOST_PATH", "GPU", "ImageRun", "Mount", "ConfigError", "ContainerRun", "find_image",
@@ -184,6 +185,15 @@ def mount_plan(container: dict[str, Any], volume_dirs: Mapping[str, str], extra:
         sub = vm.get("subPath") or ""
         mounts.append(Mount(os.path.join(src, sub) if sub else src, vm["mountPath"], bool(vm.get("readOnly"))))
     return sorted(mounts, key=lambda m: len([p for p in m.target.split("/") if p]))
+
+
+def keep_under_tmp(paths: Sequence[str], mounted: set[str] | frozenset[str] = frozenset()) -> list[Mount]:
+    """Bind mounts that keep the outermost of ``paths`` lying under /tmp visible at the same place inside a
+    container whose /tmp is covered (its private /tmp, or a volume mounted there), each once, none inside
+    another, none where a volume already sits."""
+    tmp = [str(Path(p).resolve()) for p in paths if Path(p).resolve().is_relative_to("/tmp") and Path(p).exists()]
+    outer = sorted({p for p in tmp if not any(p != q and Path(p).is_relative_to(q) for q in tmp)})
+    return [Mount(p, p) for p in outer if p not in mounted]
 
 
 def mountpoint_on_host(mounts: Sequence[Mount], index: int) -> str:
