@@ -191,8 +191,8 @@ def keep_under_tmp(paths: Sequence[str], mounted: set[str] | frozenset[str] = fr
     """Bind mounts that keep the outermost of ``paths`` lying under /tmp visible at the same place inside a
     container whose /tmp is covered (its private /tmp, or a volume mounted there), each once, none inside
     another, none where a volume already sits."""
-    tmp = [str(Path(p).resolve()) for p in paths if Path(p).resolve().is_relative_to("/tmp") and Path(p).exists()]
-    outer = sorted({p for p in tmp if not any(p != q and Path(p).is_relative_to(q) for q in tmp)})
+    tmp = {r for r in (Path(p).resolve() for p in paths) if r.is_relative_to("/tmp") and r.exists()}
+    outer = sorted(str(r) for r in tmp if not any(r != q and r.is_relative_to(q) for q in tmp))
     return [Mount(p, p) for p in outer if p not in mounted]
 
 
