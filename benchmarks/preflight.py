@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/preflight.py [--dir DIR] [--runs 5] [--slice-gib 2] [--per-expert]
 
-1. Writes the sparse layout with ``gauntlet.steps.synth`` (unless ``--dir`` holds one).
+1. Writes the sparse layout with ``gauntlet.steps.model.synth`` (unless ``--dir`` holds one).
 2. Runs the real ``gauntlet step preflight --profile kimi-k3-h20`` as a subprocess ``--runs`` times and
    reports wall time (median, max) and the child's peak RSS (``os.wait4``), plus the in-process time of
    gather + judge alone.
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -57,8 +58,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from gauntlet.params import load_profile
-    from gauntlet.steps.preflight import gather, judge
-    from gauntlet.steps.synth import synth_from_profile
+    from gauntlet.steps.gates.preflight import gather, judge
+    from gauntlet.steps.model.synth import synth_from_profile
 
     profile = load_profile("kimi-k3-h20")
     tmp = tempfile.TemporaryDirectory(prefix="gauntlet-bench-preflight-")
@@ -83,9 +84,11 @@ def main() -> int:
         rss.append(peak)
     verdict = json.loads((Path(tmp.name) / "evidence" / "verdict.json").read_text())
 
+    gc.disable()   # as `preflight.run` does around gather + judge
     t0 = time.perf_counter()
     checks, _ = judge(gather(root, profile.model), profile.model)
     in_process = time.perf_counter() - t0
+    gc.enable()
     assert all(c.status in ("pass", "skip") for c in checks)
 
     n = int(args.slice_gib * (1 << 30))

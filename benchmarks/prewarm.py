@@ -47,7 +47,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from gauntlet.params import load_profile
-    from gauntlet.steps.synth import synth_from_profile
+    from gauntlet.steps.model.synth import synth_from_profile
 
     kimi = load_profile("kimi-k3-h20")
     prof = kimi.model_copy(update={"model": kimi.model.model_copy(update={"shards": args.shards})})

@@ -16,7 +16,7 @@ as both are counts over one duration; the three latencies draw their own). A tri
 rounds) lose ``step`` of their throughput. A night's value is the median of its 3 rounds, as in
 the store.
 
-Rules: ours in two stages (steps/regress.py: suspect, confirm on fresh rounds, the confirmation's
+Rules: ours in two stages (steps/gates/regress.py: suspect, confirm on fresh rounds, the confirmation's
 sigma from the history's rounds), ours as it was before that (the confirmation band scaled from the
 night sigma: regress.py's fallback when the history has no rounds), ours without confirmation (the
 single-night band), PyTorch HUD's (>= 20% worse than the median of the prior
@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gauntlet.steps.regress import DEFAULT_RULE, METRICS, Rule, judge  # noqa: E402
+from gauntlet.steps.gates.regress import DEFAULT_RULE, METRICS, Rule, judge  # noqa: E402
 
 MET = list(METRICS)
 TPUT = [MET.index("output_throughput"), MET.index("request_throughput")]
@@ -88,7 +88,7 @@ def with_step(s: Series, step: float, first_new: int) -> np.ndarray:
 
 def ours(x: np.ndarray, window: int, rule: Rule, confirm: bool, rounds: bool = True
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """steps/regress.py's own judge over every trial; also the cases it measured again. ``rounds``: the
+    """steps/gates/regress.py's own judge over every trial; also the cases it measured again. ``rounds``: the
     history's rounds go to the judge as the store gives them to the step (without them, the judge's
     fallback: the confirmation band scaled from the night sigma)."""
     trials, nights = x.shape[:2]
@@ -355,8 +355,8 @@ def evaluate(args: argparse.Namespace) -> None:
 
 def record(args: argparse.Namespace) -> None:
     from gauntlet.params import load_profile
-    from gauntlet.steps._bench import BenchRequest, parse_result, run_client
-    from gauntlet.steps._stats import round_validity
+    from gauntlet.steps.client.bench import BenchRequest, parse_result, run_client
+    from gauntlet.steps.evidence.stats import round_validity
 
     profile = load_profile(args.profile)
     case = next(c for c in profile.bench.cases if c.name == args.case)

@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gauntlet.steps._bench import parse_result  # noqa: E402
+from gauntlet.steps.client.bench import parse_result  # noqa: E402
 from gauntlet.contract import Check, Verdict, now_iso  # noqa: E402
-from gauntlet.steps._stats import stability  # noqa: E402
-from gauntlet.steps.perf import CaseResult  # noqa: E402
-from gauntlet.steps.results import append_rounds  # noqa: E402
+from gauntlet.steps.evidence.stats import stability  # noqa: E402
+from gauntlet.steps.gates.perf import CaseResult  # noqa: E402
+from gauntlet.steps.evidence.results import append_rounds  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 NOISE = ROOT / "benchmarks" / "data" / "noise-local-cpu.json"
@@ -83,7 +83,7 @@ import sys, time
 t0 = time.perf_counter()
 from gauntlet.workflows.cli import main
 rc = main(["step", "regress", "--profile", "local-cpu", "--out", sys.argv[2] + "/regress", "--results-uri", sys.argv[1]])
-from gauntlet.steps.report import write_report
+from gauntlet.steps.evidence.report import write_report
 write_report(sys.argv[2], sys.argv[1])
 print(f"{time.perf_counter() - t0:.3f} rc={rc}")
 """

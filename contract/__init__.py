@@ -1,7 +1,8 @@
-"""The contract every gate and both back ends share (DESIGN.md, "The evidence contract").
+"""The contract every gate and both back ends share: the evidence contract.
 
-One public module, imported by the gates (``gauntlet.steps``), the back ends and the CLI
-(``gauntlet.workflows``) and the profile loader (``gauntlet.params``); it imports nothing of theirs.
+Imported by the gates (``gauntlet.steps``), the back ends and the CLI (``gauntlet.workflows``) and the
+profile loader (``gauntlet.params``); it imports nothing of theirs. Where a run's tasks write (the run
+directory's layout, ``verdict.json`` and ``outputs/`` included) is :mod:`gauntlet.contract.layout`.
 
 - A gate builds a list of :class:`Check` results; the step runner wraps them in a :class:`Verdict`
   and writes ``<out>/verdict.json``.
@@ -22,6 +23,8 @@ from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, Literal
 
+from gauntlet.contract.layout import VERDICT_FILE
+
 __all__ = [
     "Check",
     "Verdict",
@@ -30,6 +33,9 @@ __all__ = [
     "GauntletError",
     "UsageError",
     "TransientError",
+    "CorruptVerdict",
+    "CORRUPT_KINDS",
+    "MAX_VERDICT_BYTES",
     "EXIT_PASS",
     "EXIT_FAIL",
     "EXIT_USAGE",
@@ -74,6 +80,36 @@ class TransientError(GauntletError):
     """Infrastructure hiccup worth a retry: exit 75."""
 
     exit_code = EXIT_TRANSIENT
+
+
+class CorruptVerdict(GauntletError):
+    """A ``verdict.json`` that is not a verdict (missing, unreadable, not JSON, not an object, missing keys):
+    ``path``, ``why`` and ``kind`` (one of :data:`CORRUPT_KINDS`: missing, unreadable, not-json,
+    not-a-verdict); printed as ``<path>: corrupt verdict (<why>)``. Exit 1: the gate's result is unknown."""
+
+    def __init__(self, path: Path | str, why: str, kind: str = "not-a-verdict") -> None:
+        if kind not in CORRUPT_KINDS:
+            raise ValueError(f"corrupt verdict kind {kind!r}: one of {', '.join(CORRUPT_KINDS)}")
+        self.path, self.why, self.kind = Path(path), why, kind
+        super().__init__(f"{path}: corrupt verdict ({why})")
+
+
+CORRUPT_KINDS = ("missing", "unreadable", "not-json", "not-a-verdict")
+
+
+MAX_VERDICT_BYTES = 64 * 2**20      # a perf verdict of a large matrix is a few MB; beyond this it is not one
+
+
+def _json_kind(x: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean", dict: "object"}.get(
+        type(x), "null" if x is None else type(x).__name__)
+
+
+def _short(x: Any) -> str:
+    if isinstance(x, list | dict):
+        return f"(a JSON {_json_kind(x)})"
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def exit_code_of(exc: BaseException) -> int:
@@ -123,7 +159,7 @@ def overall_status(checks: list[Check]) -> Status:
     seen = {c.status for c in checks}
     for s in ("error", "fail", "pass"):
         if s in seen:
-            return s  # type: ignore[return-value]
+            return s
     return "skip"
 
 
@@ -149,16 +185,71 @@ class Verdict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Verdict:
-        checks = [Check(**c) for c in d.get("checks", [])]
-        return cls(d["gate"], d["status"], d.get("started", ""), d.get("finished", ""), checks, d.get("metrics", {}))
+    def from_dict(cls, d: Any) -> Verdict:
+        """A verdict from its JSON form; ValueError saying what is wrong when ``d`` is not one.
+
+        ``gate`` and ``status`` are required, ``checks`` is a list of objects with a ``name`` and a
+        ``status``, ``metrics`` an object; keys this version does not know are ignored.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"a JSON {_json_kind(d)}, not an object")
+        if not isinstance(d.get("gate"), str) or not d["gate"]:
+            raise ValueError("no gate" if "gate" not in d else f"gate {_short(d['gate'])} is not a name")
+        if d.get("status") not in STATUSES:
+            raise ValueError("no status" if "status" not in d else
+                             f"status {_short(d['status'])} is not one of {', '.join(STATUSES)}")
+        for key in ("started", "finished"):
+            if not isinstance(d.get(key, ""), str):
+                raise ValueError(f"{key} {_short(d[key])} is not a time stamp")
+        raw_checks, metrics = d.get("checks", []), d.get("metrics", {})
+        if not isinstance(raw_checks, list):
+            raise ValueError(f"checks is a JSON {_json_kind(raw_checks)}, not a list")
+        if not isinstance(metrics, dict):
+            raise ValueError(f"metrics is a JSON {_json_kind(metrics)}, not an object")
+        checks = []
+        for i, c in enumerate(raw_checks):
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str) or c.get("status") not in STATUSES:
+                raise ValueError(f"checks[{i}] is not a check with a name and a status")
+            checks.append(Check(c["name"], c["status"], c.get("expected"), c.get("observed"),
+                                "" if c.get("detail") is None else str(c["detail"])))
+        return cls(d["gate"], d["status"], d.get("started", ""), d.get("finished", ""), checks, metrics)
 
     def write(self, out: Path) -> Path:
-        return write_json_atomic(Path(out) / "verdict.json", self.to_dict())
+        return write_json_atomic(Path(out) / VERDICT_FILE, self.to_dict())
 
     @classmethod
     def read(cls, out: Path) -> Verdict:
-        return cls.from_dict(json.loads((Path(out) / "verdict.json").read_text()))
+        """``<out>/verdict.json`` (or ``out`` itself when it names a file); :class:`CorruptVerdict` naming the
+        file and why when it is missing, unreadable, too large, not UTF-8 JSON or not a verdict."""
+        path = Path(out)
+        if path.name != VERDICT_FILE or path.is_dir():
+            path = path / VERDICT_FILE
+        try:
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_VERDICT_BYTES + 1)
+        except FileNotFoundError:
+            raise CorruptVerdict(path, "missing", "missing") from None
+        except OSError as exc:
+            raise CorruptVerdict(path, f"unreadable: {exc.strerror or exc}", "unreadable") from None
+        if len(raw) > MAX_VERDICT_BYTES:
+            raise CorruptVerdict(path, f"larger than {MAX_VERDICT_BYTES // 2**20} MiB", "unreadable")
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise CorruptVerdict(path, f"not UTF-8 text (byte {exc.start})", "not-json") from None
+        except json.JSONDecodeError as exc:
+            where = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            raise CorruptVerdict(path, "empty" if not raw.strip() else f"truncated after {len(raw)} bytes: {where}"
+                                 if exc.pos >= len(exc.doc.rstrip()) or exc.msg.startswith("Unterminated string")
+                                 else f"not JSON: {where}", "not-json") from None
+        except RecursionError:
+            raise CorruptVerdict(path, "not JSON this reader accepts: nested too deeply", "not-json") from None
+        except ValueError as exc:          # e.g. an integer past Python's digit limit
+            raise CorruptVerdict(path, f"not JSON this reader accepts: {str(exc)[:120]}", "not-json") from None
+        try:
+            return cls.from_dict(doc)
+        except ValueError as exc:
+            raise CorruptVerdict(path, str(exc)) from None
 
     def failed_checks(self) -> list[Check]:
         return [c for c in self.checks if c.status in ("fail", "error")]

@@ -11,14 +11,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gauntlet.contract import UsageError
+from gauntlet.params import _messages
+from gauntlet.params._yaml import YamlRefused, read_yaml
 from gauntlet.params.models import Profile
 
 __all__ = ["ProfileError", "load_profile", "profile_path", "list_profiles", "load_images", "ImageRef",
            "format_validation_error", "PROFILES_DIR", "IMAGES_FILE"]
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-IMAGES_FILE = Path(__file__).resolve().parent.parent / "images" / "engines.yaml"
+IMAGES_FILE = Path(__file__).resolve().parent / "images.yaml"   # package data of gauntlet.params (pyproject)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_PROFILE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")   # a file under params/profiles/
 
 
 class ProfileError(UsageError):
@@ -30,53 +33,42 @@ def list_profiles() -> list[str]:
 
 
 def profile_path(name_or_path: str | Path) -> Path:
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.is_file():
-            raise ProfileError(f"{p}: no such profile file")
-        return p
-    cand = PROFILES_DIR / f"{name_or_path}.yaml"
-    if not cand.is_file():
-        raise ProfileError(f"{name_or_path}: no such profile (known: {', '.join(list_profiles())})")
-    return cand
-
-
-def _short(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
+    shown = _messages.short(str(name_or_path))
+    try:
+        p = Path(name_or_path)
+        if p.suffix in (".yaml", ".yml") or p.exists():
+            if not p.is_file():
+                raise ProfileError(f"{shown}: no such profile file")
+            return p
+        if not _PROFILE_NAME.match(str(name_or_path)):
+            raise ProfileError(f"{shown}: no such profile file, and not a profile name (lower-case letters, "
+                               f"digits and '-'; known: {', '.join(list_profiles())})")
+        cand = PROFILES_DIR / f"{name_or_path}.yaml"
+        if cand.is_file():
+            return cand
+    except (OSError, ValueError) as exc:      # a name too long for the file system, a NUL byte
+        raise ProfileError(f"{shown}: not a readable profile path ({getattr(exc, 'strerror', None) or exc})") from None
+    raise ProfileError(f"{shown}: no such profile (known: {', '.join(list_profiles())})")
 
 
 def format_validation_error(source: str, err: ValidationError) -> str:
-    """Pydantic's errors as ``file: a.b.c: expected int, got 'sixteen'`` joined by '; '."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        typ = e["type"]
-        if typ == "extra_forbidden":
-            msg = "unknown key (check the spelling against params/models.py)"
-        elif typ == "missing":
-            msg = "required key is missing"
-        elif typ.endswith("_type") or typ.endswith("_parsing"):
-            want = typ.split("_")[0]
-            want = {"string": "str", "dict": "mapping", "list": "list", "bool": "bool"}.get(want, want)
-            msg = f"expected {want}, got {_short(e.get('input'))}"
-        elif typ == "literal_error":
-            msg = f"{e['msg'].lower()}, got {_short(e.get('input'))}"
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return f"{source}: " + "; ".join(parts)
+    """Pydantic's errors as ``file: a.b.c: expected int, got 'sixteen'`` joined by '; ' (the first few,
+    each bounded: an error never repr()s a whole input)."""
+    return f"{source}: " + _messages.join(err.errors(include_url=False))
 
 
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return read_yaml(path)
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except YamlRefused as exc:
+        raise ProfileError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ProfileError(f"{path}:{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        where = f" line {mark.line + 1}:" if mark else ""
+        what = " ".join(str(getattr(exc, "problem", None) or exc).split())   # a ReaderError's text spans lines
+        raise ProfileError(f"{path}:{where} invalid YAML: {what[:200]}") from None
 
 
 def load_profile(name_or_path: str | Path, images: dict[str, ImageRef] | None = None) -> Profile:
@@ -125,7 +117,7 @@ class ImageRef(BaseModel):
 
 
 def load_images(path: Path | None = None) -> dict[str, ImageRef]:
-    """The pinned images (``images/engines.yaml``, or ``$GAUNTLET_IMAGES``)."""
+    """The pinned images: ``path``, else ``$GAUNTLET_IMAGES``, else the package's own ``params/images.yaml``."""
     path = Path(path or os.environ.get("GAUNTLET_IMAGES") or IMAGES_FILE)
     data = _read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("images"), dict):

@@ -10,18 +10,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
+
+from gauntlet.params import _messages
+from gauntlet.params import engine_inputs, secrets
+from gauntlet.params._formats import (CaseName, ClusterName, Count, Cron, DnsLabel, Fraction, NodeName, PoolName,
+                                      Port, PositiveFloat, ProfileName, Seconds, Tokens, TimeZone)
 
 __all__ = [
     "Profile",
     "Hardware",
+    "FabricSpec",
+    "Toleration",
     "Node",
     "ModelSpec",
     "Architecture",
     "EngineSpec",
+    "SecretRef",
     "EngineArgs",
+    "EnginePlan",
     "Speculative",
     "BenchSpec",
     "BenchCase",
@@ -44,58 +54,144 @@ DEFAULT_MARKER = ".aik8s-complete"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # every string at most 4096 characters, every float finite (no NaN/inf); numbers get their ranges below
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False, str_max_length=4096)
 
 
 class Node(Strict):
-    name: str = Field(description="Kubernetes node name (kubernetes.io/hostname)")
+    name: NodeName = Field(description="Kubernetes node name (kubernetes.io/hostname)")
     rdma_ifname: str | None = Field(None, description="netdev carrying RDMA/NCCL traffic on this node")
 
 
 class NetworkSpec(Strict):
     socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; null: detect")
     rdma_required: bool = True
-    mtu: int | None = None
-    probe_sizes_bytes: list[int] = [1 << 20, 16 << 20, 256 << 20, 1 << 30]
-    allreduce_busbw_gbps_min_intra: float | None = None
-    allreduce_busbw_gbps_min_inter: float | None = None
-    alltoall_busbw_gbps_min_intra: float | None = None
-    alltoall_busbw_gbps_min_inter: float | None = None
-    rdma_devices_min: int | None = Field(None, description="active RDMA ports expected per node; null: unknown")
-    probe_iters: int = Field(20, description="timed iterations per size in the NCCL probe (after warmup)")
-    probe_warmup: int = 5
-    probe_timeout_s: int = Field(1800, description="how long the network probe Job may run before it fails")
+    mtu: int | None = Field(None, ge=68, le=65535)
+    probe_sizes_bytes: list[Annotated[Count, Field(le=1 << 36)]] = Field([1 << 20, 16 << 20, 256 << 20, 1 << 30], min_length=1,
+                                                     max_length=16)
+    allreduce_busbw_gbps_min_intra: Annotated[PositiveFloat, Field(le=10_000)] | None = None
+    allreduce_busbw_gbps_min_inter: Annotated[PositiveFloat, Field(le=10_000)] | None = None
+    alltoall_busbw_gbps_min_intra: Annotated[PositiveFloat, Field(le=10_000)] | None = None
+    alltoall_busbw_gbps_min_inter: Annotated[PositiveFloat, Field(le=10_000)] | None = None
+    rdma_devices_min: Annotated[Count, Field(le=64)] | None = Field(None, description="active RDMA ports expected per node; null: unknown")
+    probe_iters: Annotated[Count, Field(le=10_000)] = Field(20, description="timed iterations per size in the NCCL probe (after warmup)")
+    probe_warmup: int = Field(5, ge=0, le=1000)
+    probe_timeout_s: Seconds = Field(1800, description="how long the network probe Job may run before it fails")
+
+
+class FabricSpec(Strict):
+    """How the engine and NCCL-probe pods reach the RDMA fabric, and NCCL's settings for it (docs/cluster.md,
+    "RDMA and NCCL inside the pods"). /sys/class/infiniband is visible without any of this; the verbs device
+    files (/dev/infiniband/uverbs*) are not: a pod gets them from an RDMA device plugin's resource
+    (``rdma_resource``), or from the host's directory mounted in a privileged container (``device_path``:
+    the container's device cgroup refuses a hostPath character device otherwise). NCCL settings left null
+    are taken from what Gate 1's ``nodes`` found on each node, or left to NCCL."""
+
+    rdma_resource: str | None = Field(
+        None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+        description="the RDMA device plugin's extended resource, e.g. rdma/hca_shared_devices_a "
+        "(k8s-rdma-shared-dev-plugin) or nvidia.com/hostdev (SR-IOV); requested and limited per pod")
+    rdma_resource_count: Annotated[Count, Field(le=64)] = Field(1, description="how many of rdma_resource each engine/probe pod asks")
+    device_path: str | None = Field(None, pattern=r"^/dev(/[A-Za-z0-9_.-]+)+$",
+                                    description="host device directory mounted into the pods, e.g. /dev/infiniband "
+                                                "(needs privileged: true)")
+    privileged: bool = Field(False, description="run the engine and probe containers privileged (device_path needs it)")
+    capabilities: list[Literal["IPC_LOCK", "SYS_RESOURCE", "NET_RAW", "NET_ADMIN", "SYS_PTRACE"]] = Field(
+        ["IPC_LOCK"], max_length=5, description="added to the containers: IPC_LOCK lets verbs pin (register) memory")
+    ib_hca: str | None = Field(
+        None, pattern=r"^[\^=]?[A-Za-z0-9_.-]+(:\d{1,3})?(,[A-Za-z0-9_.-]+(:\d{1,3})?){0,63}$",
+        description="NCCL_IB_HCA, e.g. =mlx5_0:1,mlx5_1:1; null: the ACTIVE ports Gate 1 found on each node")
+    ib_gid_index: int | None = Field(None, ge=0, le=255, description="NCCL_IB_GID_INDEX (RoCE); null: the RoCE v2 "
+                                     "IPv4 GID Gate 1 found, else NCCL's own choice")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> FabricSpec:
+        if self.rdma_resource and self.device_path:
+            raise ValueError("rdma_resource and device_path: give one way into the fabric, not both")
+        if self.rdma_resource in ("nvidia.com/gpu",):
+            raise ValueError("rdma_resource: nvidia.com/gpu is the GPUs (gpus_per_node), not an RDMA device")
+        return self
+
+    @property
+    def gives_device(self) -> bool:
+        """Whether the pods get the verbs devices: a device plugin's resource, or the host's path privileged."""
+        return bool(self.rdma_resource) or bool(self.device_path and self.privileged)
 
 
 class StorageSpec(Strict):
     fs_type: str = "xfs"
     device_kind: Literal["nvme", "any"] = "nvme"
+    read_gbps: float | None = Field(
+        None, gt=0, le=10_000, description="sequential read of the model cache, GB/s per node (gauntlet plan: a load reads "
+        "weight_bytes / nodes on each node, the nodes in parallel); null: the plan's default, named in its output")
+    copy_gbps: float | None = Field(
+        None, gt=0, le=10_000, description="prewarm's copy from source_path to the cache, GB/s per node (gauntlet plan); "
+        "null: the plan's default")
+
+
+class TelemetrySpec(Strict):
+    """The per-rank sampler beside every engine rank (steps/cluster/telemetry.py): its port on the node (the engine
+    pods use hostNetwork, so it must be free on every pool node) and how often it samples."""
+
+    port: Port = Field(9401, description="the sampler's HTTP port on each engine node (dcgm-exporter's is 9400)")
+    interval_s: float = Field(0.5, ge=0.05, le=60, description="seconds between samples, 0.05 to 60")
 
 
 class GpuProbeSpec(Strict):
-    copy_tbps_min: float | None = None
-    bf16_tflops_min: float | None = None
-    copy_bytes: int = 4 << 30
-    matmul_n: int = 8192
-    iters: int = Field(10, description="timed repetitions per measurement (after 3 warmups); the median is judged")
+    copy_tbps_min: Annotated[PositiveFloat, Field(le=1000)] | None = None
+    bf16_tflops_min: Annotated[PositiveFloat, Field(le=100_000)] | None = None
+    copy_bytes: Annotated[Count, Field(le=1 << 40)] = 4 << 30
+    matmul_n: Annotated[Count, Field(le=65536)] = 8192
+    iters: Annotated[Count, Field(le=1000)] = Field(10, description="timed repetitions per measurement (after 3 warmups); the median is judged")
+
+
+class Toleration(Strict):
+    """One toleration of the pool's taints, as Kubernetes' core/v1 Toleration (no tolerationSeconds)."""
+
+    key: str = Field(min_length=1, max_length=317, description="the taint's key, e.g. nvidia.com/gpu")
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = Field(None, max_length=63, description="the taint's value; absent with operator Exists")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="the taint's effect; absent: every effect of that key")
+
+    @model_validator(mode="after")
+    def _value_with_equal(self) -> Toleration:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError(f"value: must be absent with operator Exists (got {self.value!r})")
+        return self
+
+    def manifest(self) -> dict[str, str]:
+        """The pod spec's toleration (camelCase, absent fields left out)."""
+        return {k: v for k, v in (("key", self.key), ("operator", self.operator), ("value", self.value),
+                                  ("effect", self.effect)) if v is not None}
+
+
+# where a profile's engines and probes run: the back ends (gauntlet.steps.backends registers one per kind)
+BackendKind = Literal["kubernetes", "local"]
+BACKEND_KINDS: tuple[str, ...] = get_args(BackendKind)
 
 
 class Hardware(Strict):
-    kind: Literal["kubernetes", "local"]
-    node_pool: str
-    nodes: list[Node] = []
-    gpus_per_node: int = 0
+    kind: BackendKind
+    node_pool: PoolName
+    nodes: list[Node] = Field([], max_length=64)
+    gpus_per_node: int = Field(0, ge=0, le=16)
     gpu_model: str | None = Field(None, description="a token of nvidia-smi's name: 'H20' matches 'NVIDIA H20', not 'NVIDIA H200'")
-    gpu_memory_mib_min: int | None = None
+    gpu_memory_mib_min: Annotated[Count, Field(le=1 << 22)] | None = None
     gpu_arch: Literal["hopper", "blackwell", "ampere", "cpu"] = "cpu"
     driver_min: str | None = None
     cuda_min: str | None = None
     persistence_required: bool = Field(True, description="nvidia-smi persistence mode must be Enabled on every GPU")
-    ecc_uncorrected_max: int = Field(0, description="volatile uncorrectable ECC errors tolerated per GPU")
-    gpu_idle_memory_mib_max: int = Field(1024, description="memory already used on a GPU before Gate 1 runs")
+    ecc_uncorrected_max: int = Field(0, ge=0, le=1_000_000, description="volatile uncorrectable ECC errors tolerated per GPU")
+    gpu_idle_memory_mib_max: int = Field(1024, ge=0, le=1 << 22, description="memory already used on a GPU before Gate 1 runs")
     gpu_probe: GpuProbeSpec = GpuProbeSpec()
     network: NetworkSpec = NetworkSpec()
+    fabric: FabricSpec = Field(FabricSpec(), description="RDMA inside the engine/probe pods and NCCL's settings")
     storage: StorageSpec = StorageSpec()
+    telemetry: TelemetrySpec = TelemetrySpec()
+    tolerations: list[Toleration] = Field(
+        [], max_length=32, description="the pool nodes' taints, tolerated by every pod placed on the pool (and no other)")
+    priority_class_name: ClusterName | None = Field(None, description="PriorityClass of every pod placed on the pool")
 
     @property
     def total_gpus(self) -> int:
@@ -103,9 +199,9 @@ class Hardware(Strict):
 
 
 class MoESpec(Strict):
-    n_routed_experts: int | None = None
-    n_shared_experts: int | None = None
-    num_experts_per_tok: int | None = None
+    n_routed_experts: Annotated[Count, Field(le=1 << 20)] | None = None
+    n_shared_experts: int | None = Field(None, ge=0, le=1 << 20)
+    num_experts_per_tok: Annotated[Count, Field(le=1 << 20)] | None = None
 
 
 class QuantSpec(Strict):
@@ -122,12 +218,12 @@ class Architecture(Strict):
 
     architectures: list[str] | None = None
     model_type: str | None = None
-    num_hidden_layers: int | None = None
-    layer_kinds: dict[str, int] | None = Field(
+    num_hidden_layers: Annotated[Count, Field(le=1 << 20)] | None = None
+    layer_kinds: dict[str, Annotated[int, Field(ge=0, le=1 << 20)]] | None = Field(
         None, description="per-layer attention kind counts, e.g. {kda: 45, mla: 15}")
     layer_kind_aliases: dict[str, str] = Field(
-        {}, description="config.json kind name -> the profile's name, e.g. {full_attn: mla} (steps/_config_checks.py)")
-    max_position_embeddings: int | None = None
+        {}, description="config.json kind name -> the profile's name, e.g. {full_attn: mla} (steps/model/config_checks.py)")
+    max_position_embeddings: Tokens | None = None
     moe: MoESpec = MoESpec()
     quantization: QuantSpec = QuantSpec()
     config_prefixes: list[str] = Field(
@@ -142,8 +238,8 @@ class ModelSpec(Strict):
     host_cache_path: str = Field(description="node NVMe cache (hostPath)")
     mount_path: str = Field(description="where the cache is mounted read-only in pods")
     marker: str = DEFAULT_MARKER
-    shards: int | None = None
-    weight_bytes: int | None = None
+    shards: Annotated[Count, Field(le=1 << 20)] | None = None
+    weight_bytes: Annotated[Count, Field(le=1 << 50)] | None = None
     tokenizer_files: list[str] = ["tokenizer_config.json"]
     processor_files: list[str] = []
     chat_template_required: bool = True
@@ -159,20 +255,20 @@ class ModelSpec(Strict):
 
 class Speculative(Strict):
     method: str
-    num_speculative_tokens: int
+    num_speculative_tokens: Annotated[Count, Field(le=64)]
     draft_model: str | None = None
-    prompt_lookup_max: int | None = None
+    prompt_lookup_max: Annotated[Count, Field(le=64)] | None = None
 
 
 class EngineArgs(Strict):
     """Engine-neutral launch options; each engine adapter maps them to its flags."""
 
-    tp_size: int = 1
-    ep_size: int | None = None
-    dp_size: int | None = None
-    context_length: int
-    max_running_requests: int | None = None
-    mem_fraction: float | None = None
+    tp_size: Annotated[Count, Field(le=1024)] = 1
+    ep_size: Annotated[Count, Field(le=1024)] | None = None
+    dp_size: Annotated[Count, Field(le=1024)] | None = None
+    context_length: Tokens
+    max_running_requests: Annotated[Count, Field(le=1_000_000)] | None = None
+    mem_fraction: Fraction | None = None
     moe_runner_backend: str | None = None
     attention_backend: str | None = None
     kv_cache_dtype: str = "auto"
@@ -184,23 +280,89 @@ class EngineArgs(Strict):
     flashinfer_autotune: bool = True
     trust_remote_code: bool = False
     dtype: str | None = None
-    extra: dict[str, str | int | float | bool] = Field({}, description="engine-specific flags, name -> value")
+    expert_distribution_recorder_mode: Literal["stat", "stat_approx", "per_pass", "per_token"] | None = Field(
+        None, description="SGLang's --expert-distribution-recorder-mode: Gate 4 records each case's expert load "
+        "through its /start|stop|dump_expert_distribution_record endpoints ('stat' is the one it summarises)")
+    extra: dict[str, str | int | float | bool] = Field(
+        {}, max_length=64, description="engine-specific flags, name -> value; not one the typed fields set "
+        "(params/engine_inputs.py), the engine's own parser judges the rest at Gate 0")
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_flags(cls, v: dict[str, Any]) -> dict[str, Any]:
+        errors = [f"{_messages.short(k)[1:-1]}: {why}" for k, val in v.items()
+                  if (why := engine_inputs.extra_problem(k, val))]
+        if errors:
+            raise ValueError("; ".join(errors))
+        return v
+
+    def with_change(self, change: dict[str, Any]) -> EngineArgs:
+        """These args with one dotted variable set (a Gate 6 variant's change), validated; ValidationError or
+        ValueError (a path through a value that is not a mapping)."""
+        (path, value), = change.items()
+        args = self.model_dump()
+        keys = path.split(".")
+        node = args
+        for k in keys[:-1]:
+            if node.get(k) is None:
+                node[k] = {}
+            if not isinstance(node[k], dict):
+                raise ValueError(f"{_messages.short(path)}: {k} is not a mapping")
+            node = node[k]
+        node[keys[-1]] = value
+        return EngineArgs.model_validate(args)
+
+
+class EnginePlan(Strict):
+    """The rates `gauntlet plan` estimates this engine's gates with (workflows/plan.py); null: its default."""
+
+    init_s: float | None = Field(None, ge=0, le=7 * 86400, description="seconds from the weights read to ready: pod start, "
+                                 "weight processing, graphs, kernels (a load is weight bytes / read rate + this)")
+    prefill_tps: float | None = Field(None, gt=0, le=1e9, description="prompt tokens/s of the engine (Gate 5's rungs, "
+                                      "each wave of a Gate 4 case)")
+    decode_tps: float | None = Field(None, gt=0, le=1e9, description="output tokens/s of one stream, at every concurrency "
+                                     "the profile runs (Gates 3-6)")
+    case_tps: dict[str, Annotated[PositiveFloat, Field(le=1e9)]] = Field({}, max_length=64, description="bench case -> input+output tokens/s of one of its rounds "
+                                       "(Gate 4's total_token_throughput, measured): replaces the prefill/decode "
+                                       "estimate for that case")
+
+
+class SecretRef(Strict):
+    """An env value kept in a Kubernetes Secret: the engine's pods get it through ``valueFrom.secretKeyRef``;
+    the local back end passes on the runner's own variable of the same name (docs/profiles.md)."""
+
+    secret: ClusterName = Field(description="the Secret's name, in the profile's namespace")
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]{1,253}$", description="the key in the Secret")
+
+    def __str__(self) -> str:          # what a report or a verdict shows: the reference, never a value
+        return f"<secret {self.secret}/{self.key}>"
+
+
+def _env_kind(v: Any) -> str:
+    return "secret" if isinstance(v, dict | SecretRef) else "value"
+
+
+EnvValue = Annotated[Annotated[str, Tag("value")] | Annotated[SecretRef, Tag("secret")], Discriminator(_env_kind)]
 
 
 class EngineSpec(Strict):
     role: Literal["baseline", "experimental"]
-    image: str = Field(description="key into images/engines.yaml (pinned by digest)")
-    port: int = 8000
+    image: str = Field(description="key into params/images.yaml (pinned by digest)")
+    port: Port = 8000
     args: EngineArgs
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
-    env: dict[str, str] = {}
-    startup_timeout_s: int = 3600
-    ready_timeout_s: int = 3600
-    shm_size_gib: int = 64
-    longctx_blocked_from_tokens: int | None = Field(
+    env: dict[str, EnvValue] = Field(
+        {}, max_length=128, description="name -> value, or {secret: NAME, key: KEY} to read it from a Secret; "
+        "names that change the loader, the interpreter or the shell are refused, and so is a credential in clear "
+        "(params/engine_inputs.py)")
+    startup_timeout_s: Seconds = 3600
+    ready_timeout_s: Seconds = 3600
+    shm_size_gib: Annotated[Count, Field(le=4096)] = 64
+    longctx_blocked_from_tokens: Tokens | None = Field(
         None, description="rungs at or above this are refused unless the image lists `longctx_fix`")
-    longctx_fix: str | None = Field(None, description="fix name the image must list in engines.yaml `fixes`")
+    longctx_fix: str | None = Field(None, description="fix name the image must list in params/images.yaml `fixes`")
+    plan: EnginePlan = Field(EnginePlan(), description="rates for `gauntlet plan` (docs/plan.md)")
     keep_alive: bool = Field(
         True, description="false: this engine's server closes a kept-alive connection after a streamed reply "
         "(llama.cpp 11434: docs/second-engine.md), so every client of the pipeline sends `Connection: close` to it, "
@@ -210,31 +372,50 @@ class EngineSpec(Strict):
         "says so): recorded 'known deviation' instead of failing the gate, shown in the report; a declared "
         "deviation the engine no longer shows fails the check, so the list cannot go stale")
 
+    @field_validator("env")
+    @classmethod
+    def _env_allowed(cls, v: dict[str, str | SecretRef]) -> dict[str, str | SecretRef]:
+        errors = [f"{_messages.short(k)[1:-1]}: {why}" for k, val in v.items()
+                  if (why := engine_inputs.env_problem(k, val if isinstance(val, str) else None))]
+        if errors:
+            raise ValueError("; ".join(errors))
+        return v
+
+    @property
+    def clear_env(self) -> dict[str, str]:
+        """The env given in clear (what every back end passes as is)."""
+        return {k: v for k, v in self.env.items() if isinstance(v, str)}
+
+    @property
+    def secret_env(self) -> dict[str, SecretRef]:
+        """The env read from Secrets (Kubernetes: secretKeyRef; local: the runner's variable of that name)."""
+        return {k: v for k, v in self.env.items() if isinstance(v, SecretRef)}
+
 
 class BenchCase(Strict):
-    name: str
-    input_len: int
-    output_len: int
-    concurrency: int
-    num_prompts: int | None = None
+    name: CaseName
+    input_len: Tokens
+    output_len: Tokens
+    concurrency: Annotated[Count, Field(le=4096)]
+    num_prompts: Annotated[Count, Field(le=1_000_000)] | None = None
     requires_stable: str | None = Field(None, description="run only when this case was stable (C32 after C16)")
-    headroom_min: float | None = Field(None, description="min free memory fraction left after requires_stable")
+    headroom_min: Fraction | None = Field(None, description="min free memory fraction left after requires_stable")
 
 
 class BenchSpec(Strict):
     client: Literal["vllm-bench-serve"] = "vllm-bench-serve"
     dataset: Literal["random"] = "random"
-    seed: int = 42
-    warmup_prompts: int = 8
-    rounds: int = 3
-    prompts_per_concurrency: int = 4
-    spread_max_rel: float = Field(0.1, description="(max-min)/median of output throughput for a stable case")
-    cold_start_factor: float = Field(3.0, gt=1, description="a round whose first requests' TTFT is this many "
-                                     "times its median TTFT paid a cold start (steps/perf.py)")
+    seed: int = Field(42, ge=0, le=2**32 - 1)
+    warmup_prompts: int = Field(8, ge=0, le=100_000)
+    rounds: int = Field(3, le=100)
+    prompts_per_concurrency: Annotated[Count, Field(le=10_000)] = 4
+    spread_max_rel: Fraction = Field(0.1, description="(max-min)/median of output throughput for a stable case")
+    cold_start_factor: float = Field(3.0, gt=1, le=1000, description="a round whose first requests' TTFT is this many "
+                                     "times its median TTFT paid a cold start (steps/gates/perf.py)")
     diagnostic_clients: list[Literal["sglang-bench-serving"]] = Field(
         [], description="other clients run once per case after the main rounds, on the same requests; "
-        "reported apart, never in the A/B table (steps/_sglang_bench.py)")
-    cases: list[BenchCase]
+        "reported apart, never in the A/B table (steps/engines/sglang_bench.py)")
+    cases: list[BenchCase] = Field(min_length=1, max_length=64)
 
     @field_validator("rounds")
     @classmethod
@@ -245,9 +426,9 @@ class BenchSpec(Strict):
 
 
 class Rung(Strict):
-    """One long-context rung (Gate 5; semantics in steps/longctx.py's docstring)."""
+    """One long-context rung (Gate 5; semantics in steps/gates/longctx.py's docstring)."""
 
-    tokens: int = Field(description="prompt + answer fill this many tokens")
+    tokens: Tokens = Field(description="prompt + answer fill this many tokens")
     probe: bool = False
     requires_all_lower: bool = Field(False, description="its own task, run only when every lower rung passed")
     expect: Literal["pass", "fail", "refused"] = Field(
@@ -256,19 +437,19 @@ class Rung(Strict):
 
 
 class LongContextSpec(Strict):
-    ladder: list[Rung]
-    needle_depths: list[float] = [0.1, 0.5, 0.9]
-    max_tokens: int = 32
-    timeout_s: int = 1800
+    ladder: list[Rung] = Field(min_length=1, max_length=32)
+    needle_depths: list[Annotated[float, Field(ge=0, le=1)]] = Field([0.1, 0.5, 0.9], min_length=1, max_length=16)
+    max_tokens: Annotated[Count, Field(le=1 << 20)] = 32
+    timeout_s: Seconds = 1800
 
 
 class Variant(Strict):
-    name: str
-    description: str = ""
+    name: CaseName
+    description: str = Field("", max_length=1024)
     engine: EngineName | None = None
     change: dict[str, Any] = Field(description="one dotted EngineArgs path -> new value, e.g. {prefix_cache: true}")
     reusable_prefix: bool = False
-    prefix_len: int = Field(512, description="reusable-prefix phase: tokens of shared prefix before each "
+    prefix_len: Tokens = Field(512, description="reusable-prefix phase: tokens of shared prefix before each "
                             "case's input; span several KV blocks (vLLM CPU: 128 tokens a block)")
 
     @field_validator("change")
@@ -280,37 +461,47 @@ class Variant(Strict):
 
 
 class ArithmeticProbe(Strict):
-    prompt: str
+    prompt: str = Field(min_length=1)
     expected: float
 
 
 class SmokeSpec(Strict):
-    arithmetic: list[ArithmeticProbe]
+    arithmetic: list[ArithmeticProbe] = Field(max_length=32)
     tool_choice: Literal["named", "auto"] = "auto"
     image_probe: bool = True
-    max_tokens: int = 64
-    request_timeout_s: float = 300.0
+    max_tokens: Annotated[Count, Field(le=1 << 20)] = 64
+    request_timeout_s: float = Field(300.0, gt=0, le=86400)
 
 
 class Profile(Strict):
-    name: str
-    description: str = ""
-    namespace: str = "gauntlet"
-    service_account: str = "gauntlet"
-    step_image: str = Field("steps", description="key into images/engines.yaml for the step image")
+    name: ProfileName = Field(description="a DNS-1123 label of at most 35 characters: gauntlet-<name>-nightly, the "
+                              "CronWorkflow, is at most 52 (Argo adds an 11-character suffix to its workflows)")
+    description: str = Field("", max_length=1024)
+    namespace: DnsLabel = "gauntlet"
+    service_account: ClusterName = "gauntlet"
+    step_image: str = Field("steps", description="key into params/images.yaml for the step image")
     hardware: Hardware
     model: ModelSpec
     engines: dict[EngineName, EngineSpec]
     smoke: SmokeSpec
     bench: BenchSpec
     longctx: LongContextSpec
-    experiments: list[Variant] = []
-    nightly_schedule: str = "0 2 * * *"
-    timezone: str = "Asia/Shanghai"
-    active_deadline_s: int = 6 * 3600
-    results_uri: str = Field("results", description="pyarrow filesystem URI or local path of the results store")
-    runs_pvc: str = Field("gauntlet-runs", description="RWX PVC mounted at /runs: every gate's evidence on Argo")
-    artifact_repository: str | None = Field(
+    experiments: list[Variant] = Field([], max_length=32)
+    nightly_schedule: Cron = Field("0 2 * * *", description="five-field cron (Argo's parser: robfig/cron) or "
+                                   "@hourly/@daily/@weekly/@monthly/@yearly")
+    timezone: TimeZone = Field("Asia/Shanghai", description="IANA time zone of the schedule (the zone database)")
+    active_deadline_s: Seconds = 6 * 3600
+    timeouts_s: dict[str, Seconds] = Field(
+        {}, max_length=256, description="task name -> its deadline in seconds (the template's activeDeadlineSeconds; a task of the "
+        "engine sequence, e.g. exp-prefix-cache, in every engine's); unnamed tasks keep the graph's (4 h, deploy: "
+        "the slowest startup_timeout_s + 600). `gauntlet plan` prints each task's estimate against it")
+    results_uri: str = Field("results", description="pyarrow filesystem URI or local path of the results store; "
+                             "no credential in it: those go in the Secret gauntlet-results")
+    runs_pvc: ClusterName = Field("gauntlet-runs", description="RWX PVC mounted at /runs: every gate's evidence on Argo")
+    runs_access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", "ReadOnlyMany"] = Field(
+        "ReadWriteMany", description="the runs PVC's access mode: ReadWriteMany when the graph mounts it on "
+        "several nodes at once (per-node Gate 0/1 steps); lint refuses anything else then")
+    artifact_repository: ClusterName | None = Field(
         None, description="where each gate's evidence is also saved as an Argo output artifact: null: nowhere "
         "(evidence stays on the runs PVC; Argo's wait container fails on an output artifact with no repository), "
         "'default': the controller's default artifact repository, else an artifact-repository ConfigMap name")
@@ -331,19 +522,68 @@ class Profile(Strict):
         for c in self.bench.cases:
             if c.requires_stable is not None and c.requires_stable not in names:
                 errors.append(f"bench.cases.{c.name}.requires_stable: no case named {c.requires_stable!r}")
-        for v in self.experiments:
-            key = next(iter(v.change))
-            if key.split(".")[0] not in EngineArgs.model_fields:
-                errors.append(f"experiments.{v.name}.change: {key!r} is not an engine arg "
-                              f"(one of {sorted(EngineArgs.model_fields)})")
+        for ename, eng in self.engines.items():
+            errors += [f"engines.{ename}.plan.case_tps.{c}: no bench case named {c!r}"
+                       for c in eng.plan.case_tps if c not in names]
+        for what, items in (("bench.cases", names), ("experiments", [v.name for v in self.experiments]),
+                            ("hardware.nodes", [n.name for n in self.hardware.nodes]),
+                            ("longctx.ladder", [r.tokens for r in self.longctx.ladder])):
+            dups = sorted({str(x) for x in items if items.count(x) > 1})
+            if dups:
+                errors.append(f"{what}: {', '.join(dups)} appear more than once")
+        for i, v in enumerate(self.experiments):
+            errors += self._change_errors(i, v)
         if self.hardware.kind == "kubernetes" and not self.hardware.nodes:
             errors.append("hardware.nodes: a kubernetes profile lists its nodes")
+        if self.hardware.kind == "kubernetes" and self.hardware.gpus_per_node < 1:
+            errors.append("hardware.gpus_per_node: a kubernetes profile's engines run on GPUs: at least 1")
+        errors += [f"engines.{n}.args.tp_size: {e.args.tp_size} ranks, more than the profile's "
+                   f"{self.hardware.total_gpus} GPUs" for n, e in self.engines.items()
+                   if self.hardware.kind == "kubernetes" and e.args.tp_size > self.hardware.total_gpus >= 1]
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    def _change_errors(self, i: int, v: Variant) -> list[str]:
+        """A variant's change must validate as the EngineArgs of every engine it runs on (Gate 6 applies it
+        hours into the run): its key an engine arg, its value of that arg's type and range."""
+        key = next(iter(v.change))
+        where = f"experiments.{i}.change"
+        if key.split(".")[0] not in EngineArgs.model_fields:
+            return [f"{where}: {_messages.short(key)} is not an engine arg (one of {sorted(EngineArgs.model_fields)})"]
+        if v.engine is not None and v.engine not in self.engines:
+            return [f"experiments.{i}.engine: {v.engine!r} is not an engine of this profile"]
+        for name in ([v.engine] if v.engine else self.engine_order()):
+            try:
+                self.engines[name].args.with_change(v.change)
+            except ValidationError as exc:
+                on = f" (on engine {name})" if not v.engine and len(self.engines) > 1 else ""
+                return [f"{where}.{_messages.describe(e)}{on}" for e in exc.errors(include_url=False)[:3]]
+            except ValueError as exc:
+                return [f"{where}: {exc}"]
+        return []
+
+    @model_validator(mode="after")
+    def _extra_flags_and_results_uri(self) -> Profile:
+        """No extra flag that a typed field already sets (per engine, variants' too: params/engine_inputs.py), no
+        credential in results_uri (params/secrets.py)."""
+        errors = [f"engines.{name}.args.extra.{flag}: {why}" for name, eng in self.engines.items()
+                  for flag in eng.args.extra if (why := engine_inputs.extra_duplicate(name, flag))]
+        for v in self.experiments:      # a variant's extra flags (their names and values: with_change validates)
+            ((key, value),) = v.change.items()
+            flags = (list(value) if key == "extra" and isinstance(value, dict)
+                     else [key.removeprefix("extra.")] if key.startswith("extra.") else [])
+            errors += [f"experiments.{v.name}.change.extra.{flag}: {why}" for flag in flags
+                       for name in ([v.engine] if v.engine else self.engines)
+                       if (why := engine_inputs.extra_duplicate(name, str(flag)))]
+        if what := secrets.uri_credential(self.results_uri):
+            errors.append(f"results_uri: holds a credential ({what}); {secrets.results_secret_hint()}")
         if errors:
             raise ValueError("; ".join(errors))
         return self
 
     @property
-    def baseline_engine(self) -> str:
+    def baseline_engine(self) -> EngineName:
         return next(n for n, e in self.engines.items() if e.role == "baseline")
 
     @property
@@ -351,24 +591,25 @@ class Profile(Strict):
         """Whether the one bench client may pool connections: only when every engine's server keeps them."""
         return all(e.keep_alive for e in self.engines.values())
 
-    def engine_order(self) -> list[str]:
+    def engine_order(self) -> list[EngineName]:
         """Baseline first, then experimental engines."""
         return sorted(self.engines, key=lambda n: (self.engines[n].role != "baseline", n))
 
     # ---- the profile answers for its engines, model directory, marker and results store: one copy each
 
-    def engine_name(self, name: str | None = None) -> str:
+    def engine_name(self, name: str | None = None) -> EngineName:
         """``name`` if the profile has that engine, the baseline when None; UsageError (exit 2) otherwise."""
         if name is None or name == "":
             return self.baseline_engine
-        if name not in self.engines:
-            from gauntlet.contract import UsageError
-            raise UsageError(f"engine {name!r} is not in profile {self.name} (it has {', '.join(self.engine_order())})")
-        return name
+        for known in self.engines:          # the profile's own key: typed as an engine name
+            if known == name:
+                return known
+        from gauntlet.contract import UsageError
+        raise UsageError(f"engine {name!r} is not in profile {self.name} (it has {', '.join(self.engine_order())})")
 
     def engine(self, name: str | None = None) -> EngineSpec:
         """The engine named ``name`` (the baseline when None): see :meth:`engine_name`."""
-        return self.engines[self.engine_name(name)]  # type: ignore[index]
+        return self.engines[self.engine_name(name)]
 
     def model_dir(self, given: str | Path | None = None) -> Path:
         """The model directory a gate reads: ``given``, else ``model.mount_path``; a relative path is
@@ -386,4 +627,9 @@ class Profile(Strict):
     def results_store(self, given: str | None = None) -> str:
         """Where rounds are stored: ``given``, else $GAUNTLET_RESULTS_URI (the workflow's ``results-uri``
         parameter on Argo), else the profile's ``results_uri``."""
-        return given or os.environ.get("GAUNTLET_RESULTS_URI") or self.results_uri
+        uri = given or os.environ.get("GAUNTLET_RESULTS_URI") or self.results_uri
+        if what := secrets.uri_credential(uri):
+            from gauntlet.contract import UsageError
+            source = "--results-uri" if given else "$GAUNTLET_RESULTS_URI" if uri != self.results_uri else "results_uri"
+            raise UsageError(f"{source}: holds a credential ({what}); {secrets.results_secret_hint()}")
+        return uri

@@ -7,63 +7,34 @@ containers run) to its module; modules import lazily so the CLI starts fast.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from types import ModuleType
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from gauntlet.contract import Check, GauntletError
-
-if TYPE_CHECKING:
-    from gauntlet.steps.options import GateOptions
+from gauntlet.contract import GauntletError
+from gauntlet.steps.gate import Needs, Step
 
 __all__ = ["STEPS", "Step", "Needs", "GateImportError", "load_step", "needs_of"]
 
 
-@dataclass(frozen=True)
-class Needs:
-    """What a gate needs from where it runs; render reads it to build the gate's container (mounts,
-    secret, resources) and the runner to load the profile. Declared once, as the gate's ``NEEDS``."""
-
-    profile: bool = True                                    # the runner loads --profile for it
-    model_cache: Literal["read", "write"] | None = None     # the node's model cache: read-only, or to fill
-    results_secret: bool = False                            # the results store's credentials (env)
-    size: Literal["small", "large"] = "small"               # large: 2 CPUs, up to 16Gi (reads whole models)
-    node_gpus: bool = False                                 # every GPU of its node (Gate 1's probe)
-
-
-class Step(Protocol):
-    """The face of a gate module (docs/architecture.md)."""
-
-    NAME: str
-    HELP: str
-    NEEDS: Needs
-    Options: type[GateOptions]      # typed options: the command line and the test's constructor
-
-    def run(self, opts: Any, out: Path) -> tuple[list[Check], dict[str, Any]]: ...
-
-    # optional: ``exit_code(verdict) -> int`` when the exit code means something other than the verdict
-    # (cleanup and janitor: 0 unless something is still held)
-
-
 # name -> module; the order is the order `gauntlet step --help` lists them
 STEPS: dict[str, str] = {
-    "prewarm": "gauntlet.steps.prewarm",
-    "preflight": "gauntlet.steps.preflight",
-    "preflight-compare": "gauntlet.steps.preflight_compare",
-    "engine-check": "gauntlet.steps.engine_check",
-    "nodes": "gauntlet.steps.nodes",
-    "network": "gauntlet.steps.network",
-    "deploy": "gauntlet.steps.deploy",
-    "smoke": "gauntlet.steps.smoke",
-    "perf": "gauntlet.steps.perf",
-    "longctx": "gauntlet.steps.longctx",
-    "experiment": "gauntlet.steps.experiment",
-    "teardown": "gauntlet.steps.teardown",
-    "report": "gauntlet.steps.report_step",
-    "regress": "gauntlet.steps.regress",
-    "cleanup": "gauntlet.steps.cleanup",
-    "janitor": "gauntlet.steps.janitor",
+    "params": "gauntlet.steps.gates.params",
+    "prewarm": "gauntlet.steps.gates.prewarm",
+    "preflight": "gauntlet.steps.gates.preflight",
+    "preflight-compare": "gauntlet.steps.gates.preflight_compare",
+    "engine-check": "gauntlet.steps.gates.engine_check",
+    "nodes": "gauntlet.steps.gates.nodes",
+    "network": "gauntlet.steps.gates.network",
+    "deploy": "gauntlet.steps.gates.deploy",
+    "smoke": "gauntlet.steps.gates.smoke",
+    "perf": "gauntlet.steps.gates.perf",
+    "longctx": "gauntlet.steps.gates.longctx",
+    "experiment-baseline": "gauntlet.steps.gates.experiment_baseline",
+    "experiment": "gauntlet.steps.gates.experiment",
+    "teardown": "gauntlet.steps.gates.teardown",
+    "report": "gauntlet.steps.gates.report",
+    "regress": "gauntlet.steps.gates.regress",
+    "cleanup": "gauntlet.steps.gates.cleanup",
+    "janitor": "gauntlet.steps.gates.janitor",
 }
 
 

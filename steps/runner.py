@@ -6,12 +6,18 @@ import argparse
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gauntlet.contract import (EXIT_INTERRUPTED, EXIT_TRANSIENT, EXIT_USAGE, Check, GauntletError, UsageError,
                                Verdict, exit_code_for, exit_code_of, now_iso)
+from gauntlet.contract.layout import output_path
 from gauntlet.params import load_profile
 from gauntlet.steps import needs_of
 from gauntlet.steps.options import options_from
+
+if TYPE_CHECKING:
+    from gauntlet.params.models import Profile
+    from gauntlet.steps.cluster.rank_watch import Rank
 
 __all__ = ["run_step", "write_outputs"]
 
@@ -29,7 +35,18 @@ def run_step(module, args: argparse.Namespace) -> int:
             profile = load_profile(args.profile)
         opts = options_from(module.Options, args, profile)    # built and validated once, before anything runs
         out.mkdir(parents=True, exist_ok=True)
-        checks, metrics = module.run(opts, out)
+        # the profile whose engine's ranks this gate watches (None: not watched)
+        watched = profile if needs_of(module).engine_ranks and getattr(opts, "engine", None) else None
+        present, redeploy = _engine_present(gate, watched, opts, out) if watched is not None else (None, {})
+        if present is not None and present.status != "pass":    # never judge an engine that is absent
+            checks, metrics = [present], redeploy
+        else:
+            before = _ranks(watched, opts.engine, out) if watched is not None else None
+            checks, metrics = module.run(opts, out)
+            if watched is not None:
+                checks = [*([present] if present else []), *checks,
+                          _rank_check(gate, before, watched, opts.engine, out, metrics)]
+                metrics = {**redeploy, **metrics}
     except GauntletError as exc:
         code = exit_code_of(exc)
         if code != EXIT_USAGE:      # bad input writes nothing; anything else leaves an error verdict
@@ -59,17 +76,47 @@ def run_step(module, args: argparse.Namespace) -> int:
     return judge(verdict) if judge is not None else exit_code_for(verdict.status)
 
 
+def _engine_present(gate: str, profile: Profile, opts: Any, out: Path) -> tuple[Check | None, dict[str, Any]]:
+    """The engine the gate judges is deployed, or redeployed after the exit handler released it (steps/gates/engine_present.py)."""
+    from gauntlet.steps.gates.engine_present import ensure
+    return ensure(gate, profile, opts, out)
+
+
+def _ranks(profile: Profile, engine: str, out: Path) -> list[Rank] | str | None:
+    """The deployed engine's ranks through the profile's back end; a one-line reason when they cannot be read."""
+    from gauntlet.steps.backends import backend_for
+    try:
+        return backend_for(profile).ranks(profile, engine, out)
+    except GauntletError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # the API unreachable, say: the gate's own result still stands
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _rank_check(gate: str, before: list[Rank] | str | None, profile: Profile, engine: str, out: Path,
+                metrics: dict[str, Any]) -> Check:
+    """The ``engine_ranks`` check: did every rank stay up, unrestarted, from the gate's start to its end?"""
+    from gauntlet.steps.cluster.rank_watch import CHECK, judge
+    after = _ranks(profile, engine, out)
+    for snap in (before, after):
+        if isinstance(snap, str):
+            return Check(CHECK, "skip", "every rank up from start to end", None,
+                         f"the engine's ranks could not be read ({snap[:300]}): not watched")
+    assert not isinstance(before, str) and not isinstance(after, str)
+    return judge(gate, before, after, redeployed=bool(metrics.get("engine_restarts")))
+
+
 def write_outputs(out: Path, verdict: Verdict) -> None:
     """Plain-text output parameters: ``outputs/verdict`` plus ``metrics["outputs"]``.
 
     Argo reads them with ``valueFrom.path``; the local runner reads the same files.
     """
-    d = out / "outputs"
-    d.mkdir(parents=True, exist_ok=True)
     values = {"verdict": verdict.status, **{str(k): v for k, v in verdict.metrics.get("outputs", {}).items()}}
     for k, v in values.items():
         text = ("true" if v else "false") if isinstance(v, bool) else str(v)
-        (d / k).write_text(text)
+        path = Path(output_path(out, k))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def _write_error(out: Path, gate: str, started: str, name: str, detail: str) -> None:

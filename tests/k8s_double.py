@@ -63,7 +63,10 @@ def _matches(labels: dict[str, str], selector: str | None) -> bool:
     for term in selector.split(","):
         k, eq, v = term.partition("=")
         if not eq:
-            if k not in labels:                  # an existence term: `key`
+            if k.startswith("!"):                # a non-existence term: `!key`
+                if k[1:] in labels:
+                    return False
+            elif k not in labels:                # an existence term: `key`
                 return False
         elif labels.get(k) != v:
             return False

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gauntlet.steps._bench import BenchRequest, client_argv, parse_result
+from gauntlet.steps.client.bench import BenchRequest, client_argv, parse_result
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 

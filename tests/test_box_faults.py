@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records import merge_row
 
 from box.scenarios import GPU_STANDINS, outcome_from_workflow, running, task_phases
 from gauntlet.workflows.render import RUN_LABEL, template_name
@@ -38,12 +39,7 @@ LONG_PERF = {"sglang/perf": [{"exit": 0, "after_s": 300}]}     # the run sits in
 
 def record(row: str, **fields: Any) -> None:
     """Merge one row's measurement into build/fault-timings.json (and print it for -s)."""
-    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(TIMINGS.read_text()) if TIMINGS.is_file() else {}
-    data[row] = {**fields, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    tmp = TIMINGS.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, TIMINGS)
+    merge_row(TIMINGS, row, {**fields, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     print(f"fault {row}: {json.dumps(fields, sort_keys=True)}")
 
 
@@ -336,6 +332,56 @@ def test_cleanup_always_fails_janitor_releases(box_session):
     record("cleanup-always-fails", backend="argo", released=True, seconds=round(released - t0, 1),
            held_after_fault=held, how="janitor from cronwf/gauntlet-janitor, grace=0s",
            note="seconds from the janitor's submission; on a schedule add its period (5 min) and grace (10 min)")
+
+
+def test_rank_the_scheduler_cannot_place_fails_deploy_in_minutes_and_releases(box_session):
+    """A third pod that cannot fit: another team's pod takes 1 GPU of the second pool node while the network
+    gate runs (after the nodes gate gave its 8 GPUs back), so the engine's second rank (8 GPUs, one rank per
+    node by anti-affinity) fits nowhere. The real kube-scheduler leaves
+    it Pending with its Unschedulable message; deploy fails after the stuck grace (the box's step image sets
+    $GAUNTLET_POD_STUCK_GRACE_S to 20 s; 300 s on a cluster) instead of waiting its 5400 s ready timeout,
+    quoting the scheduler's message, scales the StatefulSet to 0, and nothing labelled by the run is held.
+    Before the stuck watch, deploy waited the whole ready timeout: this row timed out."""
+    from box.scenarios import OTHER_TEAM, pool_taints
+
+    s = box_session
+    node = s.profile.hardware.nodes[-1].name
+    squatter = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "team-b-squatter", "namespace": s.ns, "labels": {**OTHER_TEAM, "app": "squat"}},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                         "tolerations": [{"key": t["key"], "operator": "Exists", "effect": t["effect"]}
+                                         for t in pool_taints(s.profile)],
+                         "containers": [{"name": "hold", "image": "team-b/serving:1",
+                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    t0 = time.monotonic()
+    name = submit_async(s, {"network": [{"exit": 0, "after_s": 15}]})
+    wait_running(s, name, "network")
+    status, body = s.box.request("POST", f"/api/v1/namespaces/{s.ns}/pods", squatter)
+    assert status == 201, body
+    try:
+        until(lambda: (s.box.request("GET", f"/api/v1/namespaces/{s.ns}/pods/team-b-squatter")[1].get("spec") or {})
+              .get("nodeName") == node, 60, f"the other team's pod bound to {node}")
+        wf = wait_done(s, name, timeout_s=420)
+        took = time.monotonic() - t0
+        uid = wf["metadata"]["uid"]
+        out = outcome(s, wf)
+        assert out.phase == "Failed", out.tasks
+        assert out.tasks["sglang/deploy"] == "Failed" and out.tasks.get("cleanup") == "Succeeded", out.tasks
+        deploy = json.loads((out.run_dir / "sglang" / "deploy" / "verdict.json").read_text())
+        ready = {c["name"]: c for c in deploy["checks"]}["ready"]
+        assert ready["status"] == "fail", ready
+        assert "Unschedulable: 0/4 nodes are available" in ready["detail"], ready
+        assert "Insufficient nvidia.com/gpu" in ready["detail"], ready
+        node_ = next(n for n in wf["status"]["nodes"].values() if n.get("type") == "Pod"
+                     and n["displayName"].startswith("deploy"))
+        deploy_s = _seconds(node_["startedAt"], node_["finishedAt"])
+        assert deploy_s < 180, f"deploy took {deploy_s}s to fail on an unschedulable rank"
+        released = wait_released(s, uid, timeout_s=60)
+        assert s.held(uid) == {}
+        record("rank-unschedulable", backend="argo", released=True, seconds=round(released - t0, 1),
+               deploy_seconds=deploy_s, workflow_seconds=round(took, 1), observed=ready["detail"][:400])
+    finally:
+        s.box.request("DELETE", f"/api/v1/namespaces/{s.ns}/pods/team-b-squatter")
 
 
 def _epoch(ts: str) -> float:

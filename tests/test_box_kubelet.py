@@ -160,48 +160,6 @@ def test_hosts_maps_services_and_statefulset_pods_to_loopback():
     assert any(ln.startswith("127.0.0.1\tprobe-0.rdzv.gauntlet.svc.cluster.local") for ln in lines)
 
 
-# ---- scheduling ----
-
-NODE_LABELS = {"kubernetes.io/hostname": "n1"}
-
-
-def gpu_pod(n: int, **spec) -> dict:
-    p = pod(**spec)
-    p["spec"]["containers"][0]["resources"] = {"limits": {P.GPU: str(n)}, "requests": {P.GPU: str(n)}}
-    return p
-
-
-def test_gpus_requested_sums_containers_and_takes_the_largest_init():
-    p = gpu_pod(4)
-    p["spec"]["containers"].append({"name": "b", "resources": {"limits": {P.GPU: "2"}}})
-    p["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {P.GPU: "8"}}}]
-    assert P.gpus_requested(p) == 8
-    assert P.gpus_requested(pod()) == 0
-
-
-@pytest.mark.parametrize("spec, gpus_free, others, why", [
-    ({}, 0, [], None),
-    ({"nodeSelector": {"kubernetes.io/hostname": "n1"}}, 0, [], None),
-    ({"nodeSelector": {"kubernetes.io/hostname": "n2"}}, 0, [], "didn't match Pod's node affinity/selector"),
-    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2", "n3"]}]}]}}}},
-     8, [], "didn't match Pod's node affinity/selector"),
-    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}]}}}},
-     8, [], None),
-    ({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"app": "engine"}}, "topologyKey": "kubernetes.io/hostname"}]}}},
-     8, [pod(labels={"app": "engine"})], "didn't match pod anti-affinity rules"),
-])
-def test_node_fits(spec, gpus_free, others, why):
-    assert P.node_fits(pod(**spec), "n1", NODE_LABELS, gpus_free, others) == why
-
-
-def test_a_pod_wanting_more_gpus_than_are_left_does_not_fit():
-    assert P.node_fits(gpu_pod(8), "n1", NODE_LABELS, 7, []) == "Insufficient nvidia.com/gpu"
-    assert P.node_fits(gpu_pod(8), "n1", NODE_LABELS, 8, []) is None
-
-
 # ---- stand-ins ----
 
 def argo_pod(step: str, node: str, wf: str = "g-abc") -> dict:
@@ -383,11 +341,12 @@ def test_real_argoexec_reports_outputs_retries_and_logs_through_the_kubelet(box_
     retried by Argo; the step's log read through the API server's pods/log from the kubelet endpoint."""
     import time
 
+    from box.scenarios import GENERAL_NODE
     from gauntlet.params import load_images
 
     s, box = box_session, box_session.box
     step_image = load_images()["steps"].ref
-    node = s.profile.hardware.nodes[0].name
+    node = GENERAL_NODE                # untainted: the pool's nodes carry the profile's taints
     s.kubelet.set_standins({"kubelet-probe": [{"exit": 75}, {"exit": 0, "outputs": {"answer": "42"}}]})
     name = f"kubelet-probe-{int(time.time())}"
     wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name, "namespace": s.ns},

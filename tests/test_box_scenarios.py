@@ -20,10 +20,24 @@ import time
 from pathlib import Path
 
 import pytest
+from records import merge_row
 
 from box.scenarios import OTHER_TEAM, SCENARIOS, Scenario, run_locally
 
 pytestmark = pytest.mark.argo
+
+# `make test` spreads the box's tests over several workers (pytest-xdist, --dist loadgroup), each with its
+# own box. The tests that read one scenario's run go to the worker that ran it: one group per scenario, the
+# three smoke-retry scenarios together (test_retries_only_the_transient_exit reads all three).
+SMOKE_RETRIES = ("transient-early-then-pass", "transient-late-then-pass", "failed-verdict-not-retried")
+
+
+def group(name: str) -> pytest.MarkDecorator:
+    return pytest.mark.xdist_group("smoke-retries" if name in SMOKE_RETRIES else name)
+
+
+def scenario_params(scenarios: list[Scenario]) -> list:
+    return [pytest.param(s, id=s.name, marks=group(s.name)) for s in scenarios]
 
 _results: dict[str, object] = {}
 
@@ -33,10 +47,7 @@ RECORD = Path(__file__).resolve().parent.parent / "build" / "box-conformance.jso
 
 def _record(name: str, **fields) -> None:
     """The conformance table of docs/cluster.md: one row per scenario and back end."""
-    RECORD.parent.mkdir(exist_ok=True)
-    rows = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
-    rows.setdefault(name, {}).update(fields)
-    RECORD.write_text(json.dumps(rows, indent=1, sort_keys=True))
+    merge_row(RECORD, name, fields, replace=False)
 
 
 def _box(box_session, sc: Scenario):
@@ -49,7 +60,7 @@ def _box(box_session, sc: Scenario):
     return _results[sc.name]
 
 
-@pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
+@pytest.mark.parametrize("sc", scenario_params(SCENARIOS))
 def test_scenario_on_the_box(box_session, sc: Scenario):
     before = box_session.other_team_state()
     out = _box(box_session, sc)
@@ -71,6 +82,7 @@ def test_scenario_on_the_box(box_session, sc: Scenario):
     assert box_session.other_team_state() == before
 
 
+@group("gate0-corrupt-model")
 def test_gate0_failure_creates_no_gpu_pod(box_session):
     sc = next(s for s in SCENARIOS if s.name == "gate0-corrupt-model")
     out = _box(box_session, sc)
@@ -80,6 +92,7 @@ def test_gate0_failure_creates_no_gpu_pod(box_session):
     assert failing, verdict
 
 
+@group("transient-early-then-pass")
 def test_retries_only_the_transient_exit(box_session):
     for name, attempts in (("transient-early-then-pass", [75, 0]), ("transient-late-then-pass", [75, 0]),
                            ("failed-verdict-not-retried", [1])):
@@ -87,6 +100,7 @@ def test_retries_only_the_transient_exit(box_session):
         assert out.attempts["sglang/smoke"] == attempts, (name, out.attempts["sglang/smoke"])
 
 
+@group("failed-verdict-not-retried")
 def test_deploy_for_real_under_the_rendered_role(box_session):
     """deploy server-side-applied the engine under the gauntlet service account; cleanup released it."""
     out = _box(box_session, next(s for s in SCENARIOS if s.name == "failed-verdict-not-retried"))
@@ -98,6 +112,19 @@ def test_deploy_for_real_under_the_rendered_role(box_session):
     assert "StatefulSet" in actions and OTHER_TEAM["team"] not in actions, cleanup["metrics"]
 
 
+@group("rank-restarts-during-perf")
+def test_a_rank_that_restarts_during_perf_fails_perf_naming_it(box_session):
+    """The real perf step on the box (its bench client stood in): rank 1 of the engine crashes mid-perf and
+    the process kubelet restarts it, as a StatefulSet's kubelet would; perf's rank watch reads the pods'
+    restart counts through the API server under the rendered Role and fails perf with that cause."""
+    out = _box(box_session, next(s for s in SCENARIOS if s.name == "rank-restarts-during-perf"))
+    perf = json.loads((out.run_dir / "sglang" / "perf" / "verdict.json").read_text())
+    ranks = {c["name"]: c for c in perf["checks"]}["engine_ranks"]
+    assert ranks["status"] == "fail" and "rank 1 restarted during perf" in ranks["detail"], ranks
+    assert "rank 0" not in ranks["detail"], ranks
+
+
+@group("nightly-regression")
 def test_nightly_regression_fails_and_still_reports(box_session):
     out = _box(box_session, next(s for s in SCENARIOS if s.name == "nightly-regression"))
     assert (out.run_dir / "report.md").is_file()
@@ -106,7 +133,7 @@ def test_nightly_regression_fails_and_still_reports(box_session):
 REPLAYABLE = [s for s in SCENARIOS if s.local_counterpart]
 
 
-@pytest.mark.parametrize("sc", REPLAYABLE, ids=[s.name for s in REPLAYABLE])
+@pytest.mark.parametrize("sc", scenario_params(REPLAYABLE))
 def test_local_runner_agrees_with_argo(box_session, sc: Scenario, tmp_path):
     box = _box(box_session, sc)
     t0 = time.monotonic()
@@ -163,3 +190,46 @@ def test_second_run_on_the_pool_waits_for_the_mutex(box_session):
         >= first["status"]["finishedAt"]
     for w in (first, second):
         assert box_session.held(w["metadata"]["uid"]) == {}
+
+
+@group("gate6-one-engine-at-a-time")
+def test_gate6_never_holds_two_engines_gpus(box_session):
+    """Gate 6 on the box with the real scheduler: the experiments run for real but for the bench client
+    (box/standin.py `measured`): each deploys its variant StatefulSet under the rendered Role, the real
+    kube-scheduler places it (8 GPUs a node, host ports, the anti-affinity), the stand-in engine answers, and
+    the variant is torn down by its own selector. No engine pod of the run is ever Unschedulable (Pending for
+    GPUs), no variant pod exists while a baseline pod does, the baseline is released by release-baseline and
+    by no variant's teardown, and each variant is compared with the baseline's phases from baseline-phases."""
+    from box.scenarios import RUN_LABEL
+
+    out = _box(box_session, next(s for s in SCENARIOS if s.name == "gate6-one-engine-at-a-time"))
+    assert out.phase == "Succeeded", out.tasks
+    events = [(t, kind, p) for t, kind, p in box_session.pod_events
+              if (p["metadata"].get("labels") or {}).get(RUN_LABEL) == out.uid
+              and (p["metadata"].get("labels") or {}).get("gauntlet.dev/component") == "engine"]
+    unschedulable = {p["metadata"]["name"]: c.get("message") for _, _, p in events
+                     for c in (p.get("status") or {}).get("conditions") or []
+                     if c.get("type") == "PodScheduled" and c.get("status") == "False"}
+    assert unschedulable == {}, f"engine pods Pending for the scheduler: {unschedulable}"
+    # lifetimes: from the first event of a pod to its DELETED event, per StatefulSet
+    life: dict[str, list[float]] = {}
+    for t, kind, p in events:
+        sts = p["metadata"]["name"].rsplit("-", 1)[0]
+        span = life.setdefault(sts, [t, float("inf")])
+        if kind == "DELETED":
+            span[1] = t
+    seq = json.loads((out.run_dir / "sglang" / "release-baseline" / "verdict.json").read_text())
+    (baseline,) = seq["metrics"]["stopped"]
+    variants = {v: s for v in ("prefix-cache", "dspark", "hicache") for s in life if s.startswith(f"g-sglang-{v}")}
+    assert set(variants) == {"prefix-cache", "dspark", "hicache"}, sorted(life)
+    assert all(life[baseline][1] < life[s][0] for s in variants.values()), life
+    for v, sts in variants.items():
+        exp = out.run_dir / "sglang" / f"exp-{v}"
+        down = json.loads((exp / "teardown" / "teardown.json").read_text())
+        assert down["stopped"] == [sts] and down["selector"].endswith(f"gauntlet.dev/variant={v}"), down
+        m = json.loads((exp / "verdict.json").read_text())["metrics"]
+        assert m["verdict"] == "keep baseline" and m["comparisons"], m.get("verdict_reason")
+    prefix = json.loads((out.run_dir / "sglang" / "exp-prefix-cache" / "verdict.json").read_text())["metrics"]
+    assert set(prefix["baseline_tables"]) == {"cold", "reusable_prefix"}
+    final = json.loads((out.run_dir / "sglang" / "teardown" / "verdict.json").read_text())
+    assert final["status"] == "pass" and "already at 0" in final["checks"][0]["detail"], final["checks"]

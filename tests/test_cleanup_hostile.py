@@ -20,9 +20,12 @@ import pytest
 from k8s_double import FakeEngine, K8sDouble
 
 from gauntlet.params import load_images, load_profile
-from gauntlet.steps import _cleanup_k8s, _deploy_k8s, cleanup, deploy
-from gauntlet.steps._deploy_local import LABEL_DIR, find_labelled
-from gauntlet.steps._k8s import manifests as M
+from gauntlet.steps.backends.kubernetes import cleanup as _cleanup_k8s
+from gauntlet.steps.backends.kubernetes import deploy as _deploy_k8s
+from gauntlet.steps.gates import cleanup
+from gauntlet.steps.gates import deploy
+from gauntlet.steps.backends.local.deploy import LABEL_DIR, find_labelled
+from gauntlet.steps.backends.kubernetes import manifests as M
 from gauntlet.steps.runner import run_step
 
 UID = "7c3e1a90-aaaa-bbbb-cccc-ddddeeeeffff"

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from gauntlet.params import profile_path
-from gauntlet.steps._deploy_local import find_labelled, state_path
-from gauntlet.steps._engine_local import free_port, group_members, port_open
+from gauntlet.steps.backends.local.deploy import find_labelled, state_path
+from gauntlet.steps.engines.local_vllm import free_port, group_members, port_open
 
 from conftest import REPO, require_vllm
 
@@ -64,7 +64,8 @@ def test_deploy_outlives_the_step_then_teardown_stops_it(tmp_path: Path, profile
         assert r.returncode == 0, (v, r.stderr[-2000:])
         m = v["metrics"]
         assert (seq / "deploy" / "outputs" / "endpoint").read_text() == f"http://127.0.0.1:{port}"
-        assert m["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enforce-eager" in m["command"]
+        assert m["command"][0] == str(Path(sys.executable).parent / "vllm") and m["command"][1] == "serve"
+        assert "--enforce-eager" in m["command"] and "--headless" not in m["command"]
         assert m["env"]["VLLM_CPU_KVCACHE_SPACE"] and m["env"]["GAUNTLET_ENGINE_DIR"] == str(seq.resolve())
         assert 1 < m["startup_s"] < 600 and m["peak_rss_bytes"] > 300 << 20
         assert "Starting vLLM" in (seq / "deploy" / "engine.log").read_text()
@@ -187,7 +188,7 @@ def test_unknown_variant_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_variant_spec_changes_one_flag() -> None:
     from gauntlet.params import load_profile
-    from gauntlet.steps import deploy
+    from gauntlet.steps.gates import deploy
     prof = load_profile("local-cpu")
     spec = deploy.Options(profile=prof, engine="vllm", variant="prefix-cache").engine_spec()
     assert spec.args.prefix_cache is True
@@ -205,7 +206,8 @@ def test_teardown_with_nothing_running_passes(tmp_path: Path) -> None:
 def test_options_refuse_an_unknown_engine_or_variant_up_front() -> None:
     from gauntlet.contract import UsageError
     from gauntlet.params import load_profile
-    from gauntlet.steps import deploy, teardown
+    from gauntlet.steps.gates import deploy
+    from gauntlet.steps.gates import teardown
     prof = load_profile("local-cpu")
     with pytest.raises(UsageError, match=r"^--engine trtllm: .*not in profile local-cpu"):
         deploy.Options(profile=prof, engine="trtllm")
@@ -213,3 +215,35 @@ def test_options_refuse_an_unknown_engine_or_variant_up_front() -> None:
         deploy.Options(profile=prof, engine="vllm", variant="nope")
     with pytest.raises(UsageError, match=r"^--engine trtllm"):
         teardown.Options(profile=prof, engine="trtllm")
+
+
+def test_teardown_stops_only_the_baseline_or_only_the_variant(tmp_path: Path) -> None:
+    """Gate 6 on the local back end: two labelled process groups of one sequence, the baseline's (no variant
+    label) and a variant's; `--variant` stops the variant only, no `--variant` the baseline only."""
+    from gauntlet.params import load_profile
+    from gauntlet.steps.gates import teardown
+    from gauntlet.steps.backends.local.deploy import LABEL_DIR, LABEL_PORT, LABEL_VARIANT
+
+    seq = (tmp_path / "run" / "vllm").resolve()
+    seq.mkdir(parents=True)
+
+    def start(variant: str | None) -> subprocess.Popen:
+        env = {**os.environ, LABEL_DIR: str(seq), LABEL_PORT: "1", **({LABEL_VARIANT: variant} if variant else {})}
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env, start_new_session=True)
+
+    base, var = start(None), start("prefix-cache")
+    try:
+        deadline = time.monotonic() + 10
+        while len(find_labelled(seq)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        prof = load_profile("local-cpu")
+        checks, _ = teardown.run(teardown.Options(profile=prof, engine="vllm", backend="local", variant="prefix-cache"),
+                                 seq / "exp-teardown")
+        assert checks[0].status == "pass" and var.wait(timeout=30) is not None and base.poll() is None
+        checks, _ = teardown.run(teardown.Options(profile=prof, engine="vllm", backend="local"), seq / "release-baseline")
+        assert checks[0].status == "pass" and base.wait(timeout=30) is not None
+    finally:
+        for p in (base, var):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -9,9 +10,10 @@ import pytest
 from gauntlet.params import load_profile
 from gauntlet.params.models import Profile
 from gauntlet.contract import Verdict
-from gauntlet.steps import engine_check
-from gauntlet.steps.engine_check import VllmAdapter, collect, judge, planned_argvs
-from gauntlet.steps.synth import synth_from_profile
+from gauntlet.steps.gates import engine_check
+from gauntlet.steps.engines.vllm import VllmAdapter
+from gauntlet.steps.gates.engine_check import collect, judge, planned_argvs
+from gauntlet.steps.model.synth import synth_from_profile
 from gauntlet.workflows.cli import main
 
 pytestmark = pytest.mark.slow
@@ -95,7 +97,8 @@ def test_kimi_plan_both_ranks_and_parsers_accepted_by_vllm_032(vllm_adapter, tmp
     model = synth_from_profile(KIMI, tmp_path / "kimi")
     facts = collect(vllm_adapter, planned_argvs(KIMI, "vllm", str(model)))
     assert set(facts["parse"]) == {"rank0", "rank1", "prefix-cache/rank0", "prefix-cache/rank1"}
-    assert "--headless" in facts["argv"]["rank1"]
+    assert "--headless" in facts["argv"]["rank1"] and "--headless" not in facts["argv"]["rank0"]
+    assert facts["argv"]["rank0"][:2] == facts["argv"]["rank1"][:2] == ["serve", str(model)]
     c = {c.name: c for c in judge(facts, KIMI, "vllm", ["KimiK3ForConditionalGeneration"], f"{model}/config.json")}
     assert all(c[n].status == "pass" for n in ("cli-flags", "reasoning-parser", "tool-call-parser", "architecture",
                                                "ranks", "variant-prefix-cache")), [(x.name, x.detail) for x in c.values()]
@@ -106,7 +109,8 @@ def test_kimi_plan_both_ranks_and_parsers_accepted_by_vllm_032(vllm_adapter, tmp
 def test_sglang_outside_its_image_is_an_error_not_a_crash(tmp_path, monkeypatch):
     def missing():
         raise ImportError("No module named 'sglang'")
-    monkeypatch.setitem(engine_check.ADAPTERS, "sglang", missing)
+    from gauntlet.steps.engines import sglang
+    monkeypatch.setattr(sglang, "ENGINE", dataclasses.replace(sglang.ENGINE, checker=missing))
     rc = main(["step", "engine-check", "--profile", "kimi-k3-h20", "--engine", "sglang", "--out", str(tmp_path)])
     v = Verdict.read(tmp_path)
     assert rc == 1 and v.status == "error"
@@ -120,3 +124,41 @@ def test_vllm_moe_backend_flag_is_checked_against_vllms_choices(vllm_adapter):
     assert c["cli-flags"].status == "pass"
     c = _checks(vllm_adapter, _engine(LOCAL, args={"moe_runner_backend": "marlinn"}))
     assert c["cli-flags"].status == "fail" and "--moe-backend" in c["cli-flags"].detail
+
+
+def test_engine_check_parses_exactly_the_argv_each_pod_runs():
+    """The argv engine-check judges is each rank's pod argv (steps/backends/kubernetes/manifests.py rank_argvs, the launch
+    script's exec) without its program: `vllm` then `serve <model>`, and `--headless` on rank 1 only."""
+    from gauntlet.steps.backends.kubernetes import manifests as M
+    pods = M.rank_argvs(KIMI, "vllm", KIMI.engines["vllm"], engine_check.LEADER.rpartition(":")[0])
+    planned = planned_argvs(KIMI, "vllm", KIMI.model.mount_path)
+    assert [p[0] for p in pods] == ["vllm", "vllm"]
+    assert [p[1:] for p in pods] == [planned["rank0"], planned["rank1"]]
+    assert planned["rank0"][:2] == ["serve", KIMI.model.mount_path] and "--model" not in planned["rank0"]
+    assert "--headless" not in pods[0] and "--headless" in pods[1]
+
+
+def test_argv_only_the_deprecated_api_server_accepted_fails_vllm_serve(vllm_adapter):
+    """`--model` beside the positional model: the deprecated api_server's parser (make_arg_parser on a bare
+    FlexibleArgumentParser, as its main() builds it) took it, `vllm serve` refuses it on both ranks."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    profile = _engine(KIMI, args={"extra": {"model": "/models/other", "enable-auto-tool-choice": True}})
+    argvs = planned_argvs(profile, "vllm", "/models/m")
+    make_arg_parser(FlexibleArgumentParser()).parse_args(argvs["rank1"][1:])   # the old entry point: accepted
+    c = {c.name: c for c in judge(collect(vllm_adapter, argvs), profile, "vllm", None, "")}
+    assert c["cli-flags"].status == "fail" and set(c["cli-flags"].observed) >= {"rank0", "rank1"}
+    assert "unrecognized arguments: /models/m" in c["cli-flags"].detail
+
+
+def test_misspelt_flag_fails_gate0_naming_it_on_every_rank(vllm_adapter):
+    profile = _engine(KIMI, args={"extra": {"tensor-paralel-size": 16, "enable-auto-tool-choice": True}})
+    c = {c.name: c for c in judge(collect(vllm_adapter, planned_argvs(profile, "vllm", "/models/m")), profile,
+                                  "vllm", None, "")}
+    assert c["cli-flags"].status == "fail" and set(c["cli-flags"].observed) >= {"rank0", "rank1"}
+    assert "unrecognized arguments: --tensor-paralel-size 16" in c["cli-flags"].detail
+
+
+def test_a_program_other_than_vllm_serve_is_refused(vllm_adapter):
+    err, opts = vllm_adapter.parse(["--model", "/models/m"])
+    assert opts is None and "not a `vllm serve` command" in err

@@ -13,9 +13,10 @@ import pytest
 from gauntlet.params import ProfileError, load_profile
 from gauntlet.params.models import Profile, Variant
 from gauntlet.contract import Verdict
-from gauntlet.steps._sglang_models import entry_classes, registered_architectures
-from gauntlet.steps.engine_check import SglangAdapter, collect, judge, planned_argvs
-from gauntlet.steps.synth import synth_from_profile
+from gauntlet.steps.engines.sglang_models import entry_classes, registered_architectures
+from gauntlet.steps.engines.sglang import SglangAdapter
+from gauntlet.steps.gates.engine_check import collect, judge, planned_argvs
+from gauntlet.steps.model.synth import synth_from_profile
 from gauntlet.workflows.cli import main
 
 pytestmark = pytest.mark.slow
@@ -67,6 +68,9 @@ def test_kimi_profile_passes_through_the_cli(sglang, tmp_path):
     assert s["engine-rules"] in ("pass", "skip")
     assert set(v.metrics["argv"]) == {"rank0", "rank1", "prefix-cache/rank0", "prefix-cache/rank1",
                                       "dspark/rank0", "dspark/rank1", "hicache/rank0", "hicache/rank1"}
+    # the profile records each case's expert load: stat mode on every rank, accepted by SGLang's parser above
+    for argv in v.metrics["argv"].values():
+        assert argv[argv.index("--expert-distribution-recorder-mode") + 1] == "stat"
 
 
 def test_ranks_differ_only_in_node_rank(sglang):
@@ -157,10 +161,10 @@ def test_unknown_speculative_algorithm_fails_the_variant(sglang):
 
 def test_two_variants_changes_at_once_fail_naming_both(sglang):
     """One variable smuggling DSpark and HiCache in together: SGLang's parse shows two groups changed."""
-    both = [Variant(name="dspark+hicache", engine="sglang", change={"extra": {
+    both = [Variant(name="dspark-and-hicache", engine="sglang", change={"extra": {
         "speculative-algorithm": "DSPARK", "speculative-dspark-block-size": 7, "enable-hierarchical-cache": True}})]
     # on a radix-cache baseline, so HiCache itself is legal and only the doubling is wrong
-    c = _checks(sglang, _with(KIMI, experiments=both, args={"prefix_cache": True}))["variant-dspark+hicache"]
+    c = _checks(sglang, _with(KIMI, experiments=both, args={"prefix_cache": True}))["variant-dspark-and-hicache"]
     assert c.status == "fail" and "changes 2 groups" in c.detail
     assert "--enable-hierarchical-cache" in c.detail and "--speculative-algorithm" in c.detail
 
@@ -195,3 +199,20 @@ def test_model_registry_read_from_the_installed_source(sglang):
     archs = registered_architectures()
     assert archs["KimiK3ForConditionalGeneration"] == "kimi_k3.py" and archs["LlamaForCausalLM"] == "llama.py"
     assert "KimiK3ForConditionalGeneration" not in registered_architectures(disabled={"kimi_k3"})
+
+
+@pytest.mark.parametrize("mode", ["stat", "per_pass"])
+def test_expert_recorder_mode_is_accepted_by_sglangs_parser(sglang, mode):
+    """args.expert_distribution_recorder_mode becomes --expert-distribution-recorder-mode, which SGLang's own
+    parser accepts on both ranks (Gate 4 reads each case's expert load through its recorder)."""
+    p = _with(KIMI, args={"expert_distribution_recorder_mode": mode})
+    argv = planned_argvs(p, "sglang", "/m")["rank0"]
+    assert argv[argv.index("--expert-distribution-recorder-mode") + 1] == mode
+    c = _checks(sglang, p)
+    assert c["cli-flags"].status == "pass", c["cli-flags"].detail
+
+
+def test_a_recorder_mode_sglang_does_not_know_fails_naming_it(sglang):
+    """The profile's type refuses an unknown mode; passed through extra instead, SGLang's parser names it."""
+    c = _checks(sglang, _with(KIMI, args={"extra": {"expert-distribution-recorder-mode": "sometimes"}}))
+    assert c["cli-flags"].status == "fail" and "sometimes" in c["cli-flags"].detail

@@ -12,9 +12,13 @@ import pytest
 
 from gauntlet.contract import UsageError
 from gauntlet.params import load_profile
-from gauntlet.steps import experiment, longctx, perf, smoke
-from gauntlet.steps._bench import ClientRun, client_argv
-from gauntlet.steps.engine_client import EngineClient, normalize_endpoint
+from gauntlet.steps.gates import experiment
+from gauntlet.steps.gates import experiment_baseline
+from gauntlet.steps.gates import longctx
+from gauntlet.steps.gates import perf
+from gauntlet.steps.gates import smoke
+from gauntlet.steps.client.bench import ClientRun, client_argv
+from gauntlet.steps.client.http import EngineClient, normalize_endpoint
 from loopback import JsonHandler
 
 FORMS = ("{base}", "{base}/", "{base}/v1", "{base}/v1/")
@@ -140,19 +144,25 @@ def test_perf_reaches_the_same_urls(engine, fake_bench, tmp_path):
 
 
 def test_experiment_reaches_the_same_urls(engine, fake_bench, tmp_path, monkeypatch):
-    from gauntlet.steps import deploy, teardown
+    from gauntlet.steps.gates import deploy
+    from gauntlet.steps.gates import teardown
     base, seen = engine
     profile = load_profile("local-cpu")
     deployed: list[str] = []
     monkeypatch.setattr(deploy, "run", lambda opts, out: ([], {"outputs": {"endpoint": deployed[-1]}}))
     monkeypatch.setattr(teardown, "run", lambda opts, out: ([], {}))
 
+    bench = {"tokenizer": "t", "no_store": True, "no_ceiling": True, "sample_interval": 60.0}
+
     def gate(ep):
         fake_bench.clear()
         deployed.append(ep)                       # the variant's endpoint as deploy wrote it, in the same form
-        experiment.run(experiment.Options(profile=profile, engine="vllm", variant="prefix-cache", baseline_endpoint=ep,
-                                          tokenizer="t", no_store=True, no_ceiling=True, sample_interval=60.0,
-                                          baseline_dir=tmp_path / "no-perf"), _fresh(tmp_path))
+        seq = _fresh(tmp_path)                    # the baseline's phases first (its own task), then the variant
+        experiment_baseline.run(experiment_baseline.Options(profile=profile, engine="vllm", endpoint=ep, **bench),
+                                seq / experiment.BASELINE_TASK)
+        _, m = experiment.run(experiment.Options(profile=profile, engine="vllm", variant="prefix-cache",
+                                                 baseline_dir=tmp_path / "no-perf", **bench), seq / "exp-prefix-cache")
+        assert set(m["comparisons"]) == set(m["baseline_tables"]) == {"cold", "reusable_prefix"}
         return sorted(set(fake_bench))
 
     got = _each_form(base, seen, gate)
@@ -164,8 +174,8 @@ def test_a_bad_endpoint_is_a_usage_error_naming_its_flag():
     profile = load_profile("local-cpu")
     with pytest.raises(UsageError, match="^--endpoint '127.0.0.1:1'"):
         perf.Options(profile=profile, engine="vllm", endpoint="127.0.0.1:1", cases=("c2-128-32",))
-    with pytest.raises(UsageError, match="^--baseline-endpoint 'ftp://h'"):
-        experiment.Options(profile=profile, engine="vllm", variant="prefix-cache", baseline_endpoint="ftp://h")
+    with pytest.raises(UsageError, match="^--endpoint 'ftp://h'"):
+        experiment_baseline.Options(profile=profile, engine="vllm", endpoint="ftp://h")
 
 
 _n = iter(range(10**6))

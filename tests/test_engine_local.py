@@ -1,4 +1,4 @@
-"""gauntlet.steps._engine_local: readiness with a deadline, fail fast on death, nothing left behind.
+"""gauntlet.steps.engines.local_vllm: readiness with a deadline, fail fast on death, nothing left behind.
 
 The engine here is tests/fakes/fake_engine.py (a real subprocess that forks a
 grandchild like vLLM's engine core), so every case runs in about a second; the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gauntlet.steps._engine_local import (EngineDied, EngineError, EngineTimeout, LocalEngine, free_port, group_members,
+from gauntlet.steps.engines.local_vllm import (EngineDied, EngineError, EngineTimeout, LocalEngine, free_port, group_members,
                                  kill_group)
 
 FAKE = Path(__file__).parent / "fakes" / "fake_engine.py"
@@ -103,7 +103,7 @@ def test_wrong_served_name_is_not_ready(tmp_path: Path) -> None:
 DRIVER = """
 import sys
 from pathlib import Path
-from gauntlet.steps._engine_local import LocalEngine, sigterm_as_interrupt
+from gauntlet.steps.engines.local_vllm import LocalEngine, sigterm_as_interrupt
 argv = [sys.executable, sys.argv[1], "hang", sys.argv[2], "m"]
 with sigterm_as_interrupt():
     LocalEngine(argv, port=int(sys.argv[2]), served_name="m", log_path=Path(sys.argv[3])).launch()

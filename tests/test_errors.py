@@ -18,18 +18,18 @@ def test_one_map_from_error_to_exit_code():
 
 
 def test_a_gate_that_does_not_import_is_a_crash_with_its_traceback(monkeypatch, capsys):
-    monkeypatch.setitem(STEPS, "smoke", "gauntlet.steps._no_such_gate_module")
+    monkeypatch.setitem(STEPS, "smoke", "gauntlet.steps.no_such_gate_module")
     rc = cli.main(["step", "smoke", "--endpoint", "http://127.0.0.1:9"])
     err = capsys.readouterr().err
     assert rc == EXIT_FAIL, err                         # never 2: the profile and the arguments are fine
     assert "invalid choice" not in err
     assert "Traceback" in err and "ModuleNotFoundError" in err
     assert err.strip().splitlines()[-1].startswith("GateImportError: gate smoke: its module "
-                                                   "gauntlet.steps._no_such_gate_module does not import")
+                                                   "gauntlet.steps.no_such_gate_module does not import")
 
 
 def test_other_gates_still_list_when_one_does_not_import(monkeypatch, capsys):
-    monkeypatch.setitem(STEPS, "smoke", "gauntlet.steps._no_such_gate_module")
+    monkeypatch.setitem(STEPS, "smoke", "gauntlet.steps.no_such_gate_module")
     with pytest.raises(SystemExit) as exc:
         cli.main(["step", "--help"])
     assert exc.value.code == 0

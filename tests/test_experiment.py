@@ -5,8 +5,8 @@ from pydantic import ValidationError
 
 from gauntlet.params import load_profile
 from gauntlet.params.models import Variant
-from gauntlet.steps.engine_cmd import apply_change
-from gauntlet.steps.experiment import (args_diff, baseline_cases, compare, decision, one_change_problems, phase_plan,
+from gauntlet.steps.engines.commands import apply_change
+from gauntlet.steps.gates.experiment import (args_diff, baseline_cases, compare, decision, one_change_problems, phase_plan,
                               phase_verdicts, verdict)
 
 
@@ -63,11 +63,12 @@ def test_no_common_case_keeps_baseline():
 
 
 def test_baseline_cases_read_from_perf_evidence(tmp_path):
-    import json
-    (tmp_path / "perf").mkdir()
-    (tmp_path / "perf-c4").mkdir()
-    (tmp_path / "perf" / "verdict.json").write_text(json.dumps({"metrics": {"cases": {"c2": {"table": {}}}}}))
-    (tmp_path / "perf-c4" / "verdict.json").write_text(json.dumps({"metrics": {"cases": {"c4": {"table": {}}}}}))
+    from gauntlet.contract import Check, Verdict
+    ok = [Check("c", "pass")]
+    Verdict.of("perf", "t", ok, {"cases": {"c2": {"table": {}}}}).write(tmp_path / "perf")
+    Verdict.of("perf", "t", ok, {"cases": {"c4": {"table": {}}}}).write(tmp_path / "perf-c4")
+    (tmp_path / "perf-c8").mkdir()
+    (tmp_path / "perf-c8" / "verdict.json").write_text('{"metrics": {"cases": {"c8": {}}}}')   # not a verdict
     assert sorted(baseline_cases(tmp_path / "perf")) == ["c2", "c4"]
 
 
@@ -114,18 +115,22 @@ def test_without_a_compared_target_phase_the_baseline_is_kept():
 
 @pytest.mark.engine
 def test_prefix_cache_experiment_real_engine(tmp_path, endpoint):
-    """Baseline perf on the shared engine, then the prefix-cache variant on its own restarted engine."""
+    """Baseline perf and the baseline's run of the variant's phases on the shared engine (the sequence's perf and
+    baseline-phases tasks), then the prefix-cache variant on its own engine, compared phase by phase."""
     import json
 
     import yaml
 
     from gauntlet.params import profile_path
-    from gauntlet.steps._engine_local import free_port, port_open
+    from gauntlet.steps.engines.local_vllm import free_port, port_open
     from gauntlet.workflows.cli import main as gauntlet
 
     doc = yaml.safe_load(profile_path("local-cpu").read_text())
     doc["bench"].update(warmup_prompts=1, prompts_per_concurrency=1)
     doc["bench"]["cases"] = [dict(doc["bench"]["cases"][0], output_len=8)]
+    for e in doc["engines"].values():      # the plan's per-case rates name only cases the profile has
+        if (e.get("plan") or {}).get("case_tps"):
+            e["plan"]["case_tps"] = {k: v for k, v in e["plan"]["case_tps"].items() if k == "c2-128-32"}
     port = free_port()
     doc["engines"]["vllm"]["port"] = port      # its own port: the shared engine stays up
     prof = tmp_path / "local-small.yaml"
@@ -134,9 +139,11 @@ def test_prefix_cache_experiment_real_engine(tmp_path, endpoint):
     store = str(tmp_path / "store")
     assert gauntlet(["step", "perf", "--profile", str(prof), "--out", str(seq / "perf"), "--engine", "vllm",
                      "--endpoint", endpoint, "--cases", "c2-128-32", "--results-uri", store]) == 0
+    assert gauntlet(["step", "experiment-baseline", "--profile", str(prof), "--out", str(seq / "baseline-phases"),
+                     "--engine", "vllm", "--endpoint", endpoint, "--results-uri", store]) == 0
     out = seq / "exp-prefix-cache"
     rc = gauntlet(["step", "experiment", "--profile", str(prof), "--out", str(out), "--engine", "vllm",
-                   "--variant", "prefix-cache", "--results-uri", store, "--baseline-endpoint", endpoint])
+                   "--variant", "prefix-cache", "--results-uri", store])
     v = json.loads((out / "verdict.json").read_text())
     assert rc == 0, [c for c in v["checks"] if c["status"] != "pass"]
     names = {c["name"]: c for c in v["checks"]}
@@ -153,3 +160,19 @@ def test_prefix_cache_experiment_real_engine(tmp_path, endpoint):
     assert warm and max(warm) > 0.4          # the shared half-prompt prefix is served from the cache
     assert cold and max(cold) < max(warm)
     assert not port_open("127.0.0.1", port)   # torn down
+
+
+def test_the_variant_reads_the_baseline_phases_from_their_task(tmp_path):
+    """Gate 6 reads the baseline's cold/reusable-prefix rounds from the sequence's baseline-phases task (written
+    before the baseline was released), the variant's own name only; none there: measured, not compared."""
+    import json
+
+    from gauntlet.steps.gates.experiment import BASELINE_TASK, baseline_phases
+
+    seq = tmp_path / "vllm"
+    (seq / BASELINE_TASK).mkdir(parents=True)
+    table = {"c2": {"output_throughput": {"median": 10.0}}}
+    (seq / BASELINE_TASK / "baseline_phases.json").write_text(json.dumps(
+        {"prefix-cache": {"cold": {"tables": table, "prefix_cache_hit_rate": {"c2": [0.0]}}}}))
+    assert baseline_phases(seq / BASELINE_TASK, "prefix-cache")["cold"]["tables"] == table
+    assert baseline_phases(seq / BASELINE_TASK, "other") == {} and baseline_phases(tmp_path / "none", "x") == {}

@@ -6,14 +6,25 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import pytest
 
 from gauntlet.contract import UsageError
 from gauntlet.params import load_profile
-from gauntlet.steps import (cleanup, deploy, engine_check, janitor, network, nodes, preflight, preflight_compare,
-                            prewarm, teardown)
-from gauntlet.steps.backends import BACKENDS, backend_for
+from gauntlet.steps.engines import ENGINES
+from gauntlet.steps.gates import cleanup
+from gauntlet.steps.gates import deploy
+from gauntlet.steps.gates import engine_check
+from gauntlet.steps.gates import janitor
+from gauntlet.steps.gates import network
+from gauntlet.steps.gates import nodes
+from gauntlet.steps.gates import preflight
+from gauntlet.steps.gates import preflight_compare
+from gauntlet.steps.gates import prewarm
+from gauntlet.steps.gates import teardown
+from gauntlet.steps.backends import BACKENDS, backend_for, capability, require
+from gauntlet.steps.backends.protocol import Access, RunnerGuard
 from gauntlet.steps.options import add_options
 
 KIMI = load_profile("kimi-k3-h20")
@@ -22,24 +33,30 @@ LOCAL = load_profile("local-cpu")
 # gate -> {flag: (default, required, choices)}: the command line before the gates had typed options
 FLAGS = {
     deploy: {"--engine": (None, True, None), "--backend": (None, False, {"local", "kubernetes"}),
-             "--run-id": (None, False, None), "--variant": (None, False, None)},
+             "--run-id": (None, False, None), "--variant": (None, False, None),
+             # Gate 5's restart at a longer context, into the sequence's directory
+             "--context-length": (None, False, None), "--run-dir": (None, False, None),
+             # Gate 1's per-node NCCL/GLOO env (network's nccl_env output, issue 20)
+             "--nccl-env": (None, False, None)},
     teardown: {"--engine": (None, True, None), "--backend": (None, False, {"local", "kubernetes"}),
-               "--run-id": (None, False, None)},
+               "--run-id": (None, False, None), "--variant": (None, False, None)},
     cleanup: {"--profile": (None, False, None), "--workflow-status": ("Unknown", False, None),
               "--failures": ("null", False, None), "--backend": (None, False, {"local", "kubernetes"}),
               "--run-id": (None, False, None), "--run-dir": (None, False, None)},
-    janitor: {"--grace": ("10m", False, None), "--namespace": (None, False, None), "--local": (False, False, None),
+    janitor: {"--grace": ("10m", False, None), "--namespace": (None, False, None),
+              "--backend": (None, False, {"local", "kubernetes"}),
               "--runs-dir": ("runs", False, None)},
     network: {"--engine": (None, False, None), "--run-id": (None, False, None), "--inputs": (None, False, None),
-              "--launcher": (None, False, {"kubernetes", "local"}), "--nproc": (None, False, None),
-              "--sizes": (None, False, None)},
+              "--backend": (None, False, {"kubernetes", "local"}), "--nproc": (None, False, None),
+              "--sizes": (None, False, None), "--nccl-env": (None, False, None)},
     nodes: {"--node": (None, False, None), "--run-id": (None, False, None), "--root": ("/", False, None),
             "--cache-path": (None, False, None), "--no-probe": (False, False, None), "--no-api": (False, False, None)},
     prewarm: {"--src": (None, False, None), "--dst": (None, False, None), "--streams": (4, False, None),
               "--allow-unmarked-src": (False, False, None), "--delete-extras": (False, False, None)},
     preflight: {"--model-path": (None, False, None), "--pin": (None, False, None)},
     preflight_compare: {"--inputs": (None, True, None)},
-    engine_check: {"--engine": (None, True, {"sglang", "vllm", "llamacpp"}), "--model-path": (None, False, None)},
+    # the engine choices are the registry's (tests/test_engine_registry.py ties it to the params layer's list)
+    engine_check: {"--engine": (None, True, set(ENGINES)), "--model-path": (None, False, None)},
 }
 
 
@@ -95,7 +112,7 @@ def test_cleanup_never_refuses():
 def test_one_back_end_chooser(monkeypatch):
     assert set(BACKENDS) == {"local", "kubernetes"}
     assert backend_for(KIMI).name == "kubernetes" and backend_for(LOCAL).name == "local"
-    assert backend_for(KIMI, "local").name == "local"                  # --backend / --launcher wins
+    assert backend_for(KIMI, "local").name == "local"                  # --backend wins
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("GAUNTLET_KUBE_API", raising=False)
     assert backend_for(None).name == "local"                           # cleanup without a profile
@@ -103,6 +120,13 @@ def test_one_back_end_chooser(monkeypatch):
     assert backend_for(None).name == "kubernetes"
     with pytest.raises(UsageError):
         backend_for(KIMI, "slurm")
-    assert BACKENDS["local"].access_manifests(LOCAL) == [] and BACKENDS["local"].stop_all(os.getcwd() + "/x") == []
-    kinds = [d["kind"] for d in BACKENDS["kubernetes"].access_manifests(KIMI)]
-    assert kinds.count("Role") == 2 and BACKENDS["kubernetes"].janitor_account == "gauntlet-janitor"
+    # what only one back end does, only that one claims: local grants no accounts, kubernetes marks no runner
+    assert capability(BACKENDS["local"], Access) is None and capability(BACKENDS["kubernetes"], RunnerGuard) is None
+    assert BACKENDS["local"].stop_all(Path(os.getcwd()) / "x") == []
+    k8s = require(BACKENDS["kubernetes"], Access, "render")
+    kinds = [d["kind"] for d in k8s.access_manifests(KIMI)]
+    # one account per API role (manage, read, nodes, janitor, none: steps/backends/kubernetes/rbac.py ROLES)
+    assert kinds.count("Role") == 4 and k8s.janitor_account == "gauntlet-janitor"
+    assert k8s.account(KIMI, "manage") == "gauntlet-manager"
+    with pytest.raises(UsageError, match="the local back end does not do Access"):
+        require(BACKENDS["local"], Access, "render")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _gpu
+from gauntlet.steps.cluster import gpu as _gpu
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "gpu" / "nvidia-h200-1gpu"
 

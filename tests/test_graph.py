@@ -81,7 +81,7 @@ NOT_PREWARM = When.equals(refs.parameter("prewarm"), False)
 
 WHEN = [
     (None, None),
-    (ENGINES, "'{{workflow.parameters.engines}}' =~ 'sglang|both'"),
+    (ENGINES, "'{{workflow.parameters.engines}}' =~ '(^|,)(sglang|both)(,|$)'"),
     (UNLOCK, "{{tasks.perf.outputs.parameters.unlock_c32_1k_1k}} == true"),
     (SUSPECT, "'{{tasks.suspect.outputs.parameters.suspect}}' == 'true'"),
     (VARIANT, "'{{inputs.parameters.engine}}' == 'sglang'"),
@@ -161,7 +161,8 @@ def _names(graph) -> list[str]:
 def test_the_argo_graph_has_the_cluster_gates():
     argo = build_graph(load_profile("kimi-k3-h20"), "argo")
     names = _names(argo)
-    assert names[:4] == ["prewarm-0", "preflight-0", "prewarm-1", "preflight-1"]
+    assert names[:5] == ["params", "prewarm-0", "preflight-0", "prewarm-1", "preflight-1"]
+    assert argo.main.task("prewarm-0").depends == (Need("params", SUCCEEDED),)
     assert {"nodes-0", "nodes-1", "network"} <= set(names)
     assert argo.main.task("prewarm-0").when == PREWARM
     assert argo.main.task("preflight-0").depends == (Need("prewarm-0", SUCCEEDED_OR_SKIPPED),)
@@ -172,7 +173,7 @@ def test_the_argo_graph_has_the_cluster_gates():
 
 def test_the_local_graph_prepares_the_model_first():
     local = build_graph(load_profile("local-cpu"), "local")
-    assert _names(local)[:2] == ["prewarm", "preflight"]
+    assert _names(local)[:3] == ["params", "prewarm", "preflight"]
     assert local.main.task("prewarm").when is None
     assert not {"network", "nodes-0", "preflight-compare"} & set(_names(local))
 
@@ -197,3 +198,66 @@ def test_every_condition_of_every_graph_renders_to_valid_argo(profile, backend):
             assert depends_tasks(argo_depends(t.depends)) == list(t.upstream)
             check_when(argo_when(t.when))
     assert set(PHASES) >= {p for dag in g.dags for t in dag.tasks for n in t.depends for p in n.phases}
+
+
+# ------------------------------------------------------------------ Gate 6's order: never two engines' GPUs
+
+def _walk(dag, engine: str) -> list[str]:
+    """The tasks of one engine sequence that run, in order, when every step passes and unlocks nothing (each
+    task's `when` and `depends` evaluated as both back ends do)."""
+    phases: dict[str, str] = {}
+    ran = []
+    for t in dag.tasks:
+        if not all(n.met(phases) for n in t.depends):
+            phases[t.name] = "Omitted"
+            continue
+        value = engine if t.when and t.when.subject.kind == "input" else "false"
+        if t.when is not None and not t.when.holds(value):
+            phases[t.name] = "Skipped"
+            continue
+        phases[t.name] = "Succeeded"
+        ran.append(t.name)
+    return ran
+
+
+@pytest.mark.parametrize("profile, backend, engine, variants", [
+    ("kimi-k3-h20", "argo", "sglang", ["exp-prefix-cache", "exp-dspark", "exp-hicache"]),
+    ("kimi-k3-h20", "argo", "vllm", ["exp-prefix-cache"]),
+    ("local-cpu", "local", "vllm", ["exp-prefix-cache"]),
+])
+def test_the_baseline_is_released_before_any_variant_and_measured_before(profile, backend, engine, variants):
+    seq = build_graph(load_profile(profile), backend).sequences[0]
+    ran = _walk(seq, engine)
+    assert [t for t in ran if t.startswith("exp-")] == variants
+    first_variant = ran.index(variants[0])
+    # the baseline runs its part of Gate 6 while up, before Gate 5 restarts it; it is released before a variant
+    assert ran.index("perf") < ran.index("baseline-phases") < ran.index("longctx") < ran.index("release-baseline")
+    assert seq.task("baseline-phases").depends == (Need("confirm", SUCCEEDED_OR_SKIPPED),)
+    assert ran.index("release-baseline") == first_variant - 1 and ran[-1] == "teardown"
+    release, final = seq.task("release-baseline"), seq.task("teardown")
+    assert (release.step, release.args) == ("teardown", final.args) and "--variant" not in release.args
+    for v in variants:
+        args = seq.task(v).args
+        assert args[args.index("--variant") + 1] == v.removeprefix("exp-") and "--baseline-endpoint" not in args
+    assert seq.task("baseline-phases").step == "experiment-baseline"
+
+
+def test_an_engine_without_variants_keeps_its_baseline_until_teardown():
+    seq = build_graph(load_profile("local-cpu"), "local").sequences[0]      # prefix-cache is for vllm only
+    ran = _walk(seq, "llamacpp")
+    assert not {"baseline-phases", "release-baseline"} & set(ran) and not [t for t in ran if t.startswith("exp-")]
+    assert ran[0] == "deploy" and ran[-1] == "teardown"
+
+
+def test_a_profile_without_experiments_has_no_gate6_tasks():
+    import yaml
+
+    from gauntlet.params.models import Profile
+    from gauntlet.params import profile_path
+
+    doc = yaml.safe_load(profile_path("local-cpu").read_text())
+    doc["experiments"] = []
+    seq = build_graph(Profile.model_validate(doc), "local").sequences[0]
+    names = [t.name for t in seq.tasks]
+    assert not {"baseline-phases", "release-baseline"} & set(names)
+    assert seq.task("teardown").depends[0].task.startswith("longctx")

@@ -16,11 +16,13 @@ import pytest
 from k8s_double import K8sDouble
 
 from gauntlet.params import load_images, load_profile
-from gauntlet.steps import _cleanup_k8s, _janitor_k8s, janitor
-from gauntlet.steps._deploy_local import LABEL_DIR, find_labelled, stop_all
+from gauntlet.steps.backends.kubernetes import cleanup as _cleanup_k8s
+from gauntlet.steps.backends.kubernetes import janitor as _janitor_k8s
+from gauntlet.steps.gates import janitor
+from gauntlet.steps.backends.local.deploy import LABEL_DIR, find_labelled, stop_all
 from gauntlet.contract import UsageError
-from gauntlet.steps._janitor_local import MARK, mark_runner, runner_alive
-from gauntlet.steps._k8s import manifests as M
+from gauntlet.steps.backends.local.janitor import MARK, mark_runner, runner_alive
+from gauntlet.steps.backends.kubernetes import manifests as M
 from gauntlet.steps.runner import run_step
 
 KIMI = load_profile("kimi-k3-h20")
@@ -112,7 +114,7 @@ def run_of(o: dict) -> str | None:
 
 def janitor_args(tmp_path: Path, **kw) -> argparse.Namespace:
     return argparse.Namespace(**{"out": str(tmp_path / "janitor"), "grace": "10m", "namespace": "gauntlet",
-                                 "local": False, "runs_dir": "runs", "profile": None, **kw})
+                                 "backend": None, "runs_dir": "runs", "profile": None, **kw})
 
 
 def test_releases_only_labelled_objects_of_runs_that_are_over(cluster, tmp_path):
@@ -197,7 +199,7 @@ def runs(tmp_path):
 def test_local_janitor_stops_engines_of_dead_runners_only(runs):
     runs_dir, killed, live, (k_proc, l_proc), stranger = runs
     assert runner_alive(live) and not runner_alive(killed)
-    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "janitor", "--local", "--runs-dir", str(runs_dir)],
+    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "janitor", "--backend", "local", "--runs-dir", str(runs_dir)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr + r.stdout
     assert k_proc.wait(timeout=30) is not None
@@ -232,11 +234,11 @@ from pathlib import Path
 tests, repo = sys.argv[2], sys.argv[3]
 sys.path[:0] = [tests, os.path.join(tests, "fakes"), repo]
 from test_runner import PROFILE, fake_graph
-from gauntlet.steps._janitor_local import mark_runner
+from gauntlet.steps.backends.local.janitor import mark_runner
 from gauntlet.workflows.local import Runner
 run_dir = Path(sys.argv[1])
 run_dir.mkdir(parents=True)
-mods = {n: "gauntlet.steps.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown", "cleanup")}
+mods = {n: "gauntlet.steps.gates.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown", "cleanup")}
 env = {"PYTHONPATH": os.pathsep.join([os.path.join(tests, "fakes"), repo]), "FAKE_SLOW": "perf"}
 runner = Runner(fake_graph(None), PROFILE, run_dir, {"engines": "vllm", "run-dir": str(run_dir)}, cli="fake_cli",
                 steps=mods, cwd=Path(repo), env=env)
@@ -262,7 +264,7 @@ def test_runner_killed_with_sigkill_then_the_local_janitor_leaves_nothing(tmp_pa
         proc.wait()
         time.sleep(0.5)
         assert find_labelled(run_dir) == engines                         # nobody cleaned up
-        r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "janitor", "--local", "--runs-dir", str(runs_dir)],
+        r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "janitor", "--backend", "local", "--runs-dir", str(runs_dir)],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr + r.stdout
         assert find_labelled(run_dir) == {}

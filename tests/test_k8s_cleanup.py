@@ -10,8 +10,10 @@ import pytest
 from k8s_double import FakeEngine, K8sDouble
 
 from gauntlet.params import load_images, load_profile
-from gauntlet.steps import _deploy_k8s, cleanup, deploy
-from gauntlet.steps._k8s import manifests as M
+from gauntlet.steps.backends.kubernetes import deploy as _deploy_k8s
+from gauntlet.steps.gates import cleanup
+from gauntlet.steps.gates import deploy
+from gauntlet.steps.backends.kubernetes import manifests as M
 from gauntlet.steps.runner import run_step
 
 UID = "7c3e1a90-aaaa-bbbb-cccc-ddddeeeeffff"

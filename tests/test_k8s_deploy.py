@@ -6,10 +6,12 @@ import argparse
 import json
 
 import pytest
-from k8s_double import FakeEngine, K8sDouble, running
+from k8s_double import running
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _deploy_k8s, deploy, teardown
+from gauntlet.steps.backends.kubernetes import deploy as _deploy_k8s
+from gauntlet.steps.gates import deploy
+from gauntlet.steps.gates import teardown
 from gauntlet.steps.runner import run_step
 
 UID = "9e0d4c2a-1111-2222-3333-444455556666"
@@ -20,14 +22,10 @@ SGLANG_LOG = ("[2026-12-02 10:00:00 TP0] Load weight end. type=KimiK3ForCausalLM
 
 
 @pytest.fixture
-def cluster(monkeypatch):
-    with K8sDouble() as d, FakeEngine() as eng:
-        monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
-        monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
-        monkeypatch.delenv("GAUNTLET_NAMESPACE", raising=False)
-        monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
-        d.pod_log = lambda pod, c: SGLANG_LOG if c == "engine" else "marker present\n"
-        yield d, eng
+def cluster(api_double, monkeypatch):
+    d, eng = api_double
+    d.pod_log = lambda pod, c: SGLANG_LOG if c == "engine" else "marker present\n"
+    yield d, eng
 
 
 def args(engine="sglang", profile=KIMI, **kw):
@@ -171,3 +169,34 @@ def test_missing_run_id_is_a_usage_error(cluster, tmp_path, monkeypatch):
     ns = argparse.Namespace(profile="kimi-k3-h20", out=str(tmp_path), engine="vllm", backend="kubernetes",
                             run_id=None, variant=None)
     assert run_step(deploy, ns) == 2
+
+
+def test_baseline_and_variant_teardowns_never_touch_each_other(cluster, tmp_path):
+    """Gate 6's selectors against the double (which lists by `k=v` and `!k` terms as the API server does):
+    releasing the baseline leaves a variant's pods, a variant's teardown leaves the baseline, and the
+    sequence's final teardown passes when the baseline was released already."""
+    d, _ = cluster
+    _deploy_k8s.deploy(args(), tmp_path / "deploy")
+    _deploy_k8s.deploy(args(variant="prefix-cache"), tmp_path / "variant")
+    (var,) = [n for n in d.names("statefulsets") if "prefix-cache" in n]
+    release = teardown.Options(profile=KIMI, engine="sglang", run_id=UID, backend="kubernetes")
+    checks, m = _deploy_k8s.teardown(release, tmp_path / "release-baseline")
+    assert m["stopped"] == ["g-sglang-9e0d4c2a"] and all(c.status == "pass" for c in checks)
+    assert d.get("statefulsets", "gauntlet", var)["spec"]["replicas"] == 2
+    assert sorted(n for n in d.names("pods") if n.startswith(var)) == [f"{var}-0", f"{var}-1"]
+    assert (tmp_path / "release-baseline" / "logs" / "g-sglang-9e0d4c2a-0.engine.log").exists()
+    _deploy_k8s.deploy(args(), tmp_path / "deploy-again")                  # the baseline back, beside the variant
+    only_var = teardown.Options(profile=KIMI, engine="sglang", run_id=UID, backend="kubernetes", variant="prefix-cache")
+    _, m = _deploy_k8s.teardown(only_var, tmp_path / "exp-teardown")
+    assert m["stopped"] == [var] and d.get("statefulsets", "gauntlet", "g-sglang-9e0d4c2a")["spec"]["replicas"] == 2
+    _deploy_k8s.teardown(release, tmp_path / "release-2")
+    final, m = _deploy_k8s.teardown(release, tmp_path / "teardown")        # released already: passes, says so
+    assert all(c.status == "pass" for c in final) and "already at 0" in final[0].detail
+
+
+def test_teardown_of_an_unknown_variant_is_a_usage_error(tmp_path, capsys):
+    ns = argparse.Namespace(profile="kimi-k3-h20", out=str(tmp_path), engine="sglang", backend="kubernetes",
+                            run_id=UID, variant="nope")
+    assert run_step(teardown, ns) == 2
+    assert capsys.readouterr().err.strip() == ("UsageError: --variant nope: not in profile kimi-k3-h20 "
+                                               "(has prefix-cache, dspark, hicache)")

@@ -6,11 +6,12 @@ import shlex
 
 import kubernetes_validate
 import pytest
+from box.podplan import expand_refs
 
 from gauntlet.params import load_images, load_profile
-from gauntlet.steps._k8s import RUN_LABEL
-from gauntlet.steps._k8s import manifests as M
-from gauntlet.steps.network import probe_env
+from gauntlet.steps.backends.kubernetes import RUN_LABEL
+from gauntlet.steps.backends.kubernetes import manifests as M
+from gauntlet.steps.gates.network import probe_env
 
 KIMI = load_profile("kimi-k3-h20")
 IMAGES = load_images()
@@ -60,7 +61,8 @@ def test_statefulset_shape():
     assert anti["topologyKey"] == "kubernetes.io/hostname" and anti["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
     nodes = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert nodes[0]["matchExpressions"][0]["values"] == ["h20-node-01", "h20-node-02"]
-    (c,) = pod["containers"]
+    c, side = pod["containers"]           # the engine, and its rank's telemetry sampler (tests/test_telemetry.py)
+    assert (c["name"], side["name"]) == ("engine", "telemetry")
     assert c["image"] == IMAGES["sglang"].ref and "@sha256:" in c["image"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
@@ -126,7 +128,38 @@ def test_probe_job_runs_in_the_engine_image_with_its_env():
     c = spec["template"]["spec"]["containers"][0]
     got = {e["name"]: e.get("value") for e in c["env"]}
     assert got["NCCL_MNNVL_ENABLE"] == "1" and got["GAUNTLET_PROBE_SRC"] == "SRC" and got["NCCL_DEBUG"] == "INFO"
-    assert "--nnodes 2 --nproc-per-node 8" in c["command"][2] and '"$JOB_COMPLETION_INDEX"' in c["command"][2]
+    script = expand_refs(c["command"][2], {})       # what the kubelet hands to sh
+    assert "--nnodes 2 --nproc-per-node 8" in script and '"$JOB_COMPLETION_INDEX"' in script
     svc = M.probe_service(KIMI, "inter", UID)
     assert svc["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
     assert M.probe_names("inter", UID)["service"] in c["command"][2]
+
+
+def test_baseline_and_variant_select_only_their_own_pods():
+    """Gate 6: the baseline's StatefulSet selector and anti-affinity exclude a variant's pods (the variant label
+    is absent: DoesNotExist) and a variant's include only its own; both objects pass the real schema."""
+    ref = IMAGES["sglang"].ref
+    base = M.engine_statefulset(KIMI, "sglang", UID, ref)
+    var = M.engine_statefulset(KIMI, "sglang", UID, ref, variant="prefix-cache")
+    for sts in (base, var):
+        kubernetes_validate.validate(sts, K8S_VERSION, strict=True)
+        anti = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"]
+        assert anti == sts["spec"]["selector"]
+    base_pod = base["spec"]["template"]["metadata"]["labels"]
+    var_pod = var["spec"]["template"]["metadata"]["labels"]
+    assert "gauntlet.dev/variant" not in base_pod and var_pod["gauntlet.dev/variant"] == "prefix-cache"
+    # the baseline's: its labels, and no variant label at all; the variant's: its labels, its variant's name among them
+    assert base["spec"]["selector"] == {"matchLabels": {k: base_pod[k] for k in base["spec"]["selector"]["matchLabels"]},
+                                        "matchExpressions": [{"key": "gauntlet.dev/variant", "operator": "DoesNotExist"}]}
+    assert var["spec"]["selector"] == {"matchLabels": {k: var_pod[k] for k in var["spec"]["selector"]["matchLabels"]}}
+    assert var["spec"]["selector"]["matchLabels"]["gauntlet.dev/variant"] == "prefix-cache"
+    assert base["metadata"]["name"] != var["metadata"]["name"]
+    for svc in M.engine_objects(KIMI, "sglang", UID, ref, variant="prefix-cache")[:2]:
+        assert svc["spec"]["selector"]["gauntlet.dev/variant"] == "prefix-cache"
+        assert svc["metadata"]["labels"]["gauntlet.dev/variant"] == "prefix-cache"
+
+
+def test_engine_selector_names_the_baseline_by_absence():
+    assert M.engine_selector("sglang") == "gauntlet.dev/component=engine,gauntlet.dev/engine=sglang,!gauntlet.dev/variant"
+    assert M.engine_selector("sglang", "dspark").endswith(",gauntlet.dev/variant=dspark")

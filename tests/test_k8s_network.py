@@ -8,9 +8,12 @@ import pytest
 from k8s_double import K8sDouble
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _nccl_probe, _network_launch, network, nodes
-from gauntlet.steps._k8s.api import connect
-from gauntlet.steps._k8s.manager import node_gpu_pods
+from gauntlet.steps.cluster import nccl_probe as _nccl_probe
+from gauntlet.steps.backends.kubernetes import network as _network_launch
+from gauntlet.steps.gates import network
+from gauntlet.steps.gates import nodes
+from gauntlet.steps.backends.kubernetes.api import connect
+from gauntlet.steps.backends.kubernetes.manager import node_gpu_pods
 
 UID = "3a4b5c6d-0000-4000-8000-000000000001"
 KIMI = load_profile("kimi-k3-h20")
@@ -50,7 +53,7 @@ def inventories(tmp_path, mtu=(4096, 4096)):
 
 
 def run(tmp_path, **kw):
-    args = network.Options(profile=KIMI, run_id=UID, inputs=tuple(kw.get("inputs", ())), launcher="kubernetes")
+    args = network.Options(profile=KIMI, run_id=UID, inputs=tuple(kw.get("inputs", ())), backend="kubernetes")
     out = tmp_path / "network"
     out.mkdir()
     return network.run(args, out), out
@@ -87,14 +90,17 @@ def test_wrong_values_and_slow_links_fail(cluster, tmp_path):
     assert c["intra_correct"].status == "fail" and c["intra_all_reduce_busbw"].status == "fail"
 
 
-def test_probe_pod_that_cannot_pull_fails_fast(cluster, tmp_path):
+def test_probe_pod_that_cannot_pull_fails_fast(cluster, tmp_path, monkeypatch):
+    """Stuck pulling for the grace (here 0 s): the probe stops waiting, names the cause, deletes its Job."""
     d = cluster
+    monkeypatch.setenv("GAUNTLET_POD_STUCK_GRACE_S", "0")
     d.pod_status = lambda pod: {"phase": "Pending", "containerStatuses": [
         {"name": "probe", "ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff"}}}]}
     d.pod_log = lambda pod, c: ""
     (checks, _), out = run(tmp_path)
     assert {x.name: x for x in checks}["intra_ran"].status == "fail"
     assert "ImagePullBackOff" in (out / "probe-intra-problem.txt").read_text()
+    assert "ImagePullBackOff" in {x.name: x for x in checks}["intra_ran"].detail
     assert d.names("jobs") == []
 
 

@@ -20,11 +20,12 @@ from conftest import in_ci
 from gauntlet.contract import Check, UsageError
 from gauntlet.params.loader import load_profile
 from gauntlet.params.models import EngineArgs, EngineSpec
-from gauntlet.steps import _llamacpp
-from gauntlet.steps.engine_check import LlamaCppAdapter, collect, judge, planned_argvs
-from gauntlet.steps.engine_cmd import engine_command, engine_flags
-from gauntlet.steps.report import fair_ab
-from gauntlet.steps.smoke import known_deviations
+from gauntlet.steps.engines import llamacpp as _llamacpp
+from gauntlet.steps.engines.llamacpp import LlamaCppAdapter
+from gauntlet.steps.gates.engine_check import collect, judge, planned_argvs
+from gauntlet.steps.engines.commands import engine_command, engine_flags
+from gauntlet.steps.evidence.report import fair_ab
+from gauntlet.steps.gates.smoke import known_deviations
 
 PROGRAM = _llamacpp.program_for(sys.executable)
 
@@ -212,7 +213,8 @@ def test_llama_server_deploys_passes_gate3_with_its_declared_deviations_and_is_t
         status = {c["name"]: c["status"] for c in smoke["checks"]}
         assert r.returncode == 0 and smoke["status"] == "pass", status
         assert {k: v for k, v in status.items() if v == "pass"}.keys() >= {
-            "models", "arithmetic", "streaming", "multi-turn", "over-long-prompt"}
+            "models", "arithmetic", "streaming", "multi-turn", "over-long-prompt",
+            "engine_ranks"}          # the rank watch followed the real llama-server deploy started
         assert set(smoke["metrics"]["known_deviations"]) == {"tool-call", "image-refused", "invalid-image"}
     finally:
         subprocess.run(cli + ["teardown", *common, "--out", str(run / "teardown")], env=env, capture_output=True,
@@ -226,8 +228,8 @@ def test_llama_server_deploys_passes_gate3_with_its_declared_deviations_and_is_t
 def test_an_engine_that_drops_kept_alive_connections_gets_connection_close_from_every_client(tmp_path):
     import httpx
 
-    from gauntlet.steps._bench import BenchRequest, client_argv
-    from gauntlet.steps.engine_client import EngineClient
+    from gauntlet.steps.client.bench import BenchRequest, client_argv
+    from gauntlet.steps.client.http import EngineClient
 
     seen: list[str | None] = []
 
@@ -249,7 +251,7 @@ def test_an_engine_that_drops_kept_alive_connections_gets_connection_close_from_
 
 
 def test_the_report_compares_the_pair_metric_by_metric_and_names_declared_deviations():
-    from gauntlet.steps.report import render_markdown
+    from gauntlet.steps.evidence.report import render_markdown
 
     def perf(engine: str, tput: tuple[float, float, float], ttft: tuple[float, float, float]) -> dict:
         t = {"output_throughput": dict(zip(("min", "median", "max"), tput)),
@@ -267,5 +269,5 @@ def test_the_report_compares_the_pair_metric_by_metric_and_names_declared_deviat
     assert "| c2-128-32 | out tok/s | 40.0 [38.0–42.0] | 55.0 [50.0–60.0] | 1.38x | yes |" in ab
     assert "| c2-128-32 | TTFT p50 ms | 110 [100–120] | 115 [105–125] | 1.05x | no: within noise |" in ab
     assert "llamacpp passed Gate 3 with 1 declared known deviation(s): tool-call" in ab
-    md = render_markdown({"run_id": "r", "verdicts": verdicts}, _profile_with(args={"context_length": 4096}))
+    md = render_markdown({"run_id": "r", "verdicts": verdicts}, _profile_with(args={"context_length": 2048}))
     assert "No comparison table: vllm and llamacpp differ in context_length" in md

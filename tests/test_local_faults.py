@@ -4,8 +4,8 @@ The runner walks tests/test_runner.py's fake graph with the fake steps of tests/
 labelled fake engine; the real cleanup step) and marks its run directory as ``gauntlet run`` does. It is
 killed with SIGKILL (the runner's pid only, as the OOM killer or ``kill -9`` would) while the engine is up
 and the named step runs: its exit handler never runs and the engine outlives it. Then the release path
-of the next run (:func:`gauntlet.steps._janitor_local.sweep`, what ``gauntlet run`` calls before it starts) or
-``gauntlet janitor --local`` must leave no labelled engine running. Seconds from the kill to released are
+of the next run (:func:`gauntlet.steps.backends.local.janitor.sweep`, what ``gauntlet run`` calls before it starts) or
+``gauntlet janitor --backend local`` must leave no labelled engine running. Seconds from the kill to released are
 merged into build/fault-timings.json (docs/reliability.md).
 """
 
@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+from records import merge_row
 
-from gauntlet.steps._deploy_local import find_labelled, stop_all
-from gauntlet.steps._janitor_local import sweep
+from gauntlet.steps.backends.local.deploy import find_labelled, stop_all
+from gauntlet.steps.backends.local.janitor import sweep
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -34,11 +35,11 @@ from pathlib import Path
 tests, repo, fail_at = sys.argv[2], sys.argv[3], sys.argv[4] or None
 sys.path[:0] = [tests, os.path.join(tests, "fakes"), repo]
 from test_runner import PROFILE, fake_graph
-from gauntlet.steps._janitor_local import mark_runner
+from gauntlet.steps.backends.local.janitor import mark_runner
 from gauntlet.workflows.local import Runner
 run_dir = Path(sys.argv[1])
 run_dir.mkdir(parents=True)
-mods = {n: "gauntlet.steps.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown", "cleanup")}
+mods = {n: "gauntlet.steps.gates.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown", "cleanup")}
 env = {"PYTHONPATH": os.pathsep.join([os.path.join(tests, "fakes"), repo])}
 runner = Runner(fake_graph(fail_at), PROFILE, run_dir, {"engines": "vllm", "run-dir": str(run_dir)}, cli="fake_cli",
                 steps=mods, cwd=Path(repo), env=env)
@@ -56,12 +57,7 @@ POINTS = {
 
 
 def record(row: str, **fields: object) -> None:
-    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(TIMINGS.read_text()) if TIMINGS.is_file() else {}
-    data[row] = {**fields, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    tmp = TIMINGS.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, TIMINGS)
+    merge_row(TIMINGS, row, {**fields, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     print(f"fault {row}: {json.dumps(fields, sort_keys=True)}")
 
 
@@ -89,7 +85,7 @@ def test_runner_sigkill_then_nothing_left_running(tmp_path, point, releaser):
         time.sleep(0.5)
         assert find_labelled(run_dir) == engines, "something released the engine without the janitor"
         if releaser == "janitor":
-            r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "janitor", "--local", "--runs-dir",
+            r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "janitor", "--backend", "local", "--runs-dir",
                                 str(runs_dir)], capture_output=True, text=True, timeout=120, cwd=REPO)
             assert r.returncode == 0, r.stderr + r.stdout
             assert "runner is gone" in r.stdout

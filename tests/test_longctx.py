@@ -4,7 +4,7 @@ import pytest
 
 from gauntlet.params import load_profile
 from gauntlet.params.models import Rung
-from gauntlet.steps.longctx import (Probe, RungResult, blocked_reason, build_haystack, judge_answer, judge_rung, rung_outcome,
+from gauntlet.steps.gates.longctx import (Probe, RungResult, blocked_reason, build_haystack, judge_answer, judge_rung, rung_outcome,
                            run_ladder)
 
 
@@ -65,7 +65,7 @@ def test_vllm_256k_blocked_unless_fixed():
     assert "refused until the image lists fix" in blocked_reason("vllm", spec, 262144, [])
     assert blocked_reason("vllm", spec, 131072, []) is None
     assert blocked_reason("vllm", spec, 262144, [spec.longctx_fix]) is None
-    assert blocked_reason("sglang", spec, 1048576, []) is None
+    assert blocked_reason("sglang", load_profile("kimi-k3-h20").engines["sglang"], 1048576, []) is None  # no limit
 
 
 def test_haystack_places_needle_at_depth():
@@ -88,7 +88,8 @@ def test_judge_answer():
 
 @pytest.mark.engine
 def test_ladder_real_engine_pass_then_refusal(tmp_path, endpoint):
-    """1024 finds the needle at every depth; 16384 (> max-model-len 8192) is a 400: beyond capability."""
+    """1024 finds the needle at every depth; 16384 (> max-model-len 4096) is a 400: beyond capability. The
+    session's engine has no deployment record here, so nothing is restarted (the evidence says so)."""
     import json
 
     from gauntlet.workflows.cli import main as gauntlet
@@ -100,7 +101,8 @@ def test_ladder_real_engine_pass_then_refusal(tmp_path, endpoint):
     assert rungs[1024]["outcome"] == "passed", rungs[1024]
     assert all(900 <= p["prompt_tokens"] <= 1024 for p in rungs[1024]["probes"])
     assert rungs[16384]["outcome"] == "refused" and rungs[16384]["label"] == "beyond capability (refused)"
-    assert "400" in rungs[16384]["detail"]
+    assert "400" in rungs[16384]["detail"] and "no running deployment" in rungs[16384]["detail"]
+    assert v["metrics"]["engine_restarts"] == []
     assert rc == 0 and v["status"] == "pass"
     # a refusal is not a pass: the rungs that need every lower one stay locked
     assert (out / "outputs" / "unlock_all_lower").read_text() == "false"

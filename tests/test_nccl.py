@@ -10,8 +10,8 @@ import json
 import pytest
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _nccl_probe as P
-from gauntlet.steps import network
+from gauntlet.steps.cluster import nccl_probe as P
+from gauntlet.steps.gates import network
 from gauntlet.steps.runner import run_step
 
 KIMI = load_profile("kimi-k3-h20")
@@ -128,7 +128,7 @@ def test_real_probe_two_gloo_ranks(tmp_path):
     """The network step's local launcher: torchrun, 2 CPU processes, gloo, real collectives."""
     out = tmp_path / "network"
     args = argparse.Namespace(profile="local-cpu", out=str(out), engine=None, run_id=None, inputs=[],
-                              launcher="local", nproc=2, sizes="4096,262144")
+                              backend="local", nproc=2, sizes="4096,262144")
     rc = run_step(network, args)
     log = (out / "probe-intra-local.log").read_text()
     assert rc == 0, log[-2000:]

@@ -10,7 +10,9 @@ from pathlib import Path
 import sysfs_tree as T
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _gpu, _sysfs, nodes
+from gauntlet.steps.cluster import gpu as _gpu
+from gauntlet.steps.cluster import sysfs as _sysfs
+from gauntlet.steps.gates import nodes
 from gauntlet.steps.runner import run_step
 
 KIMI = load_profile("kimi-k3-h20")

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from gauntlet.params import load_profile, profile_path
-from gauntlet.steps._stats import client_bound, stability
-from gauntlet.steps.perf import CaseResult, case_table, unlocks
-from gauntlet.steps.results import read_rounds
+from gauntlet.steps.evidence.stats import client_bound, stability
+from gauntlet.steps.gates.perf import CaseResult, case_table, unlocks
+from gauntlet.steps.evidence.results import read_rounds
 from gauntlet.workflows.cli import main as gauntlet
 
 PROFILE = load_profile("local-cpu")
@@ -86,7 +86,7 @@ def test_client_bound_at_half_the_ceiling(tput, ceiling, flagged):
 def test_null_server_streams_the_usage_the_client_counts():
     import urllib.request
 
-    from gauntlet.steps._null_server import null_server
+    from gauntlet.steps.client.null_server import null_server
     with null_server("m") as url:
         def ask(body: dict) -> list[str]:
             req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
@@ -146,7 +146,7 @@ def _detailed(ttfts_s, starts=None, conc=2):
 
 
 def test_first_ttft_is_the_slowest_of_the_earliest_starts():
-    from gauntlet.steps._bench import first_ttft_ms
+    from gauntlet.steps.client.bench import first_ttft_ms
     # the third request started first: it is one of the first `concurrency` two
     r = _detailed([0.1, 0.1, 0.9, 0.1, 0.1, 0.1], starts=[2, 3, 1, 4, 5, 6])
     assert first_ttft_ms(r) == pytest.approx(900.0)
@@ -154,16 +154,16 @@ def test_first_ttft_is_the_slowest_of_the_earliest_starts():
 
 
 def test_cold_start_flag_uses_the_profile_factor():
-    from gauntlet.steps._bench import parse_result
-    from gauntlet.steps._stats import cold_start
+    from gauntlet.steps.client.bench import parse_result
+    from gauntlet.steps.evidence.stats import cold_start
     cold = parse_result(_detailed([0.5, 0.1, 0.1, 0.1, 0.1, 0.1]))
     assert cold_start(cold, 3.0)[0] and not cold_start(cold, 6.0)[0]
     assert not cold_start(parse_result(_detailed([0.12, 0.1, 0.1, 0.1])), 3.0)[0]
 
 
 def test_a_cold_first_round_lengthens_the_warmup_and_measures_again(tmp_path, monkeypatch):
-    from gauntlet.steps import perf
-    from gauntlet.steps._bench import ClientRun
+    from gauntlet.steps.gates import perf
+    from gauntlet.steps.client.bench import ClientRun
     calls = []
 
     def fake_client(req, python=None):

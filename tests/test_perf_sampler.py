@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gauntlet.steps._sampler import (cpu_times, engine_gauges, headroom, parse_nvidia_smi_csv, parse_proc_net_dev,
+from gauntlet.steps.client.sampler import (cpu_times, engine_gauges, headroom, parse_nvidia_smi_csv, parse_proc_net_dev,
                             parse_prometheus, summarize_samples)
 
 GPU = Path(__file__).resolve().parent / "fixtures" / "gpu/nvidia-h200-1gpu/nvidia-smi-query.csv"

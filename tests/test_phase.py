@@ -70,7 +70,7 @@ def test_a_dependency_outside_the_dag_is_refused():
 
 def test_the_local_runner_judges_the_workflow_as_argo_does(tmp_path):
     """A failed task whose dependent (the leaf) succeeded: Argo says Succeeded, and so does `gauntlet run`;
-    the nightly is Failed only because its report fails on the regression (steps/report_step.py)."""
+    the nightly is Failed only because its report fails on the regression (steps/gates/report.py)."""
     from test_runner import make_runner
 
     from gauntlet.workflows.graph import SUCCEEDED_OR_FAILED, Dag, Graph, Need, Task

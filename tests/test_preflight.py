@@ -21,7 +21,7 @@ import yaml
 from gauntlet.params import load_profile
 from gauntlet.params.models import Profile
 from gauntlet.contract import Verdict
-from gauntlet.steps.synth import synth_from_profile
+from gauntlet.steps.model.synth import synth_from_profile
 from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
@@ -328,7 +328,7 @@ def test_pin_drift_names_the_component(tmp_path, model, profile):
     tc = json.loads((model / "tokenizer_config.json").read_text())
     tc["eos_token"] = "<|eot|>"
     (model / "tokenizer_config.json").write_text(json.dumps(tc))
-    from gauntlet.steps._marker import write_marker
+    from gauntlet.steps.model.marker import write_marker
     write_marker(model, revision="synthetic")
     v = assert_fails(tmp_path, model, profile, "fingerprint-pin", "tokenizer differs", "tokenizer_config.json",
                      extra=("--pin", str(pin)))
@@ -378,7 +378,7 @@ def test_empty_weight_map(tmp_path, model, profile):
 
 def test_dot_slash_shard_names_are_the_same_files(tmp_path, model, profile):
     _edit_index(model, lambda wm: wm.update({t: f"./{s}" for t, s in wm.items()}))
-    from gauntlet.steps._marker import write_marker
+    from gauntlet.steps.model.marker import write_marker
     write_marker(model, revision="synthetic")
     rc, v = run_preflight(tmp_path, model, profile)
     assert rc == 0, failed(v)

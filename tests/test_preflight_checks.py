@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from gauntlet.params.models import Architecture, MoESpec, QuantSpec
-from gauntlet.steps._config_checks import config_checks, read_layer_kinds, read_quantization
-from gauntlet.steps._fingerprint import fingerprint, fingerprint_diff
-from gauntlet.steps._shards import index_path_problem, read_header
+from gauntlet.steps.model.config_checks import config_checks, read_layer_kinds, read_quantization
+from gauntlet.steps.model.fingerprint import fingerprint, fingerprint_diff
+from gauntlet.steps.model.shards import index_path_problem, read_header
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu"
 
@@ -135,5 +135,15 @@ def test_header_length_larger_than_file_is_refused_before_reading(tmp_path):
     ({"e": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, {"e": "BF16"}),          # the fast path
 ])
 def test_header_dtypes_fast_path_never_guesses(header, want):
-    from gauntlet.steps._shards import _dtypes
-    assert _dtypes(json.dumps(header, separators=(",", ":")).encode()) == want
+    from gauntlet.steps.model.shards import tensor_table
+    dtypes, shapes, dupes = tensor_table(json.dumps(header, separators=(",", ":")).encode())
+    assert dtypes == want and dupes == []
+    assert shapes == {k: ",".join(map(str, v["shape"])) for k, v in header.items() if k != "__metadata__"}
+
+
+def test_header_naming_a_tensor_twice_is_reported_not_collapsed():
+    from gauntlet.steps.model.shards import tensor_table
+    raw = (b'{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+           b'"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[],"data_offsets":[4,5]}}')
+    dtypes, shapes, dupes = tensor_table(raw)
+    assert dupes == ["a"] and dtypes == {"a": "U8", "b": "U8"} and shapes["b"] == ""

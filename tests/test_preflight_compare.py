@@ -13,8 +13,8 @@ from safetensors.numpy import save_file
 
 from gauntlet.params import load_profile
 from gauntlet.contract import Verdict
-from gauntlet.steps._marker import write_marker
-from gauntlet.steps.synth import synth_from_profile
+from gauntlet.steps.model.marker import write_marker
+from gauntlet.steps.model.synth import synth_from_profile
 from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
@@ -112,7 +112,9 @@ def test_graph_fans_preflight_out_per_node_and_joins_with_compare():
     assert cmp.depends == tuple(Need(t.name, ("Succeeded",)) for t in pre)
     assert [a.rsplit("/", 1)[-1] for a in cmp.args[1:]] == [t.name for t in pre]
     local = build_graph(load_profile("local-cpu"), "local").main
-    assert local.tasks[0].name == "prewarm" and local.tasks[0].step == "prewarm" and local.tasks[0].when is None
+    # first the params step (every workflow parameter checked), then the local prewarm, which always runs
+    assert local.tasks[0].name == "params" and local.tasks[1].name == "prewarm" and local.tasks[1].when is None
+    assert local.task("prewarm").depends == (Need("params", ("Succeeded",)),)
     assert local.task("preflight").depends == (Need("prewarm", ("Succeeded",)),)
     # the argo graph's prewarm is per node and optional (the `prewarm` parameter); the local one always runs
     assert [t.name for t in main_dag.tasks if t.step == "prewarm"] == [f"prewarm-{i}" for i in range(len(pre))]

@@ -17,8 +17,8 @@ import yaml
 
 from gauntlet.params import load_profile
 from gauntlet.contract import Verdict
-from gauntlet.steps.prewarm import prewarm, write_marker
-from gauntlet.steps.synth import synth_from_profile
+from gauntlet.steps.gates.prewarm import prewarm, write_marker
+from gauntlet.steps.model.synth import synth_from_profile
 from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
@@ -185,10 +185,10 @@ def test_interrupted_prewarm_leaves_no_marker_and_resumes(tmp_path):
 
 
 def test_local_profile_without_the_recipe_module_fails_clearly(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "gauntlet.steps.models_local", None)   # import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "gauntlet.steps.model.local", None)   # import of it raises ImportError
     rc, v = step(tmp_path, "--dst", str(tmp_path / "m"), profile="local-cpu")
     c = {c.name: c for c in v.checks}["prepare"]
-    assert rc == 1 and c.status == "fail" and "gauntlet.steps.models_local" in c.detail and "smollm2" in c.detail
+    assert rc == 1 and c.status == "fail" and "gauntlet.steps.model.local" in c.detail and "smollm2" in c.detail
 
 
 def test_local_profile_runs_the_recipe(tmp_path, monkeypatch):
@@ -198,7 +198,7 @@ def test_local_profile_runs_the_recipe(tmp_path, monkeypatch):
         calls.append((name, cache))
         return synth_from_profile(LOCAL, Path(cache) / "smollm2-135m-instruct")
 
-    monkeypatch.setitem(sys.modules, "gauntlet.steps.models_local", types.SimpleNamespace(prepare=prepare))
+    monkeypatch.setitem(sys.modules, "gauntlet.steps.model.local", types.SimpleNamespace(prepare=prepare))
     monkeypatch.chdir(tmp_path)
     rc, v = step(tmp_path, profile="local-cpu")
     assert rc == 0, [c.detail for c in v.checks]
@@ -221,7 +221,7 @@ def test_interrupt_after_streams_finished_files_the_loop_had_not_taken_leaves_no
     and before the loop took the result. Made deterministic: every stream finishes, then the interrupt."""
     from concurrent.futures import wait
 
-    import gauntlet.steps.prewarm as pw
+    import gauntlet.steps.gates.prewarm as pw
 
     def finished_then_interrupted(futures):
         wait(futures)                       # every temp file exists and is verified, none taken by the loop

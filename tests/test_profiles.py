@@ -114,3 +114,136 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
 def test_unknown_profile_name_lists_known():
     r = _cli("render", "--profile", "no-such-profile")
     assert r.returncode == 2 and "kimi-k3-h20" in r.stderr
+
+
+# ---- issue 21: every input has a type, a range and a size (docs/reliability.md, "Hostile input")
+
+@pytest.mark.parametrize("path,value,needle", [
+    (["engines", "sglang", "args", "tp_size"], 0, "engines.sglang.args.tp_size: input should be greater than or equal to 1"),
+    (["engines", "sglang", "args", "tp_size"], 32, "engines.sglang.args.tp_size: 32 ranks, more than the profile's 16 GPUs"),
+    (["engines", "sglang", "args", "context_length"], 0, "engines.sglang.args.context_length: input should be greater"),
+    (["bench", "cases", 0, "concurrency"], 0, "bench.cases.0.concurrency: input should be greater than or equal to 1"),
+    (["bench", "cases", 0, "input_len"], -5, "bench.cases.0.input_len: input should be greater"),
+    (["engines", "sglang", "port"], 70000, "engines.sglang.port: input should be less than or equal to 65535"),
+    (["hardware", "gpus_per_node"], -8, "hardware.gpus_per_node: input should be greater than or equal to 0"),
+    (["hardware", "gpus_per_node"], 0, "hardware.gpus_per_node: a kubernetes profile's engines run on GPUs"),
+    (["active_deadline_s"], -1, "active_deadline_s: input should be greater than or equal to 1"),
+    (["engines", "sglang", "args", "mem_fraction"], float("nan"), "mem_fraction: expected a finite number, got nan"),
+    (["smoke", "request_timeout_s"], float("inf"), "smoke.request_timeout_s: expected a finite number, got inf"),
+    (["bench", "rounds"], 10**30, "bench.rounds: input should be less than or equal to 100"),
+    (["longctx", "needle_depths"], [2.0], "longctx.needle_depths.0: input should be less than or equal to 1"),
+    (["nightly_schedule"], "every night please", "nightly_schedule: expected a five-field cron schedule"),
+    (["nightly_schedule"], "0 2 31 2 *", "nightly_schedule: not a valid cron schedule"),
+    (["nightly_schedule"], "0 2 L * *", "L, W and # are not in Argo's cron syntax"),
+    (["timezone"], "Mars/Olympus_Mons", "timezone: 'Mars/Olympus_Mons' is not a time zone of the IANA database"),
+    (["name"], "", "name: expected a DNS-1123 label of at most 35 characters"),
+    (["name"], "x" * 36, "name: expected a DNS-1123 label of at most 35 characters"),
+    (["name"], "../../outside", "name: expected a DNS-1123 label"),
+    (["namespace"], "a;touch /tmp/x", "namespace: expected a DNS-1123 label of at most 63 characters"),
+    (["experiments", 0, "change"], {"tp_size": "sixteen"}, "experiments.0.change.tp_size: expected int, got 'sixteen'"),
+    (["experiments", 1, "change"], {"speculative.num_speculative_tokens": 0},
+     "experiments.1.change.speculative.num_speculative_tokens: input should be greater than or equal to 1"),
+    (["experiments", 1, "change"], {"tp_size.x": 1}, "experiments.1.change: 'tp_size.x': tp_size is not a mapping"),
+    (["experiments", 2, "name"], "prefix-cache", "experiments: prefix-cache appear more than once"),
+])
+def test_out_of_range_and_bad_formats_are_refused(tmp_path, path, value, needle):
+    p = _write(tmp_path, _mutate(path, value))
+    with pytest.raises(ProfileError) as exc:
+        load_profile(p)
+    assert needle in str(exc.value) and str(exc.value).startswith(f"{p}: ")
+    assert "\n" not in str(exc.value)
+
+
+def test_the_shipped_schedule_forms_pass(tmp_path):
+    for cron in ("@daily", "*/30 1-5 * * MON-FRI", "0 2 * * *"):
+        assert load_profile(_write(tmp_path, _mutate(["nightly_schedule"], cron))).nightly_schedule == cron
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"a: &a [x, x]\nb: &b [*a, *a]\n", "line 1: YAML anchors and aliases are refused"),
+    (KIMI.read_bytes() + b"\nengines: {}\n", "duplicate key 'engines'"),
+    (KIMI.read_bytes().replace(b"tp_size: 16\n      ep_size", b"tp_size: 16\n      tp_size: 8\n      ep_size", 1),
+     "duplicate key 'tp_size'"),
+    ("name: caf\xe9\n".encode("latin-1"), "not UTF-8 text (byte 9: b'\\xe9')"),
+    (bytes(range(256)), "binary content (a NUL byte)"),
+    (b"a: " + b"[" * 20000, "line 1: nested more than 32 levels deep"),
+    (b"x: " + b"y" * (300 * 1024), "larger than 256 KiB: refused before parsing"),
+    (b"a: \x01\n", "invalid YAML: unacceptable character"),
+])
+def test_hostile_yaml_is_one_line(tmp_path, content, needle):
+    p = tmp_path / "hostile.yaml"
+    p.write_bytes(content)
+    with pytest.raises(ProfileError) as exc:
+        load_profile(p)
+    assert needle in str(exc.value) and str(exc.value).startswith(f"{p}: ") and "\n" not in str(exc.value)
+
+
+def test_duplicate_key_names_its_line(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("name: a\nhardware: {}\nname: b\n")
+    with pytest.raises(ProfileError, match=r"dup.yaml: line 3: duplicate key 'name'"):
+        load_profile(p)
+
+
+def test_a_huge_bad_value_costs_milliseconds(tmp_path):
+    """Issue 21: a 6.5 KB bomb in `description` took 72 s and 3.1 GB: an error message repr()d it whole."""
+    import time
+    d = _kimi()
+    d["description"] = ["x" * 4000] * 10_000          # 40 MB if repr()d whole
+    t = time.monotonic()
+    with pytest.raises(ProfileError) as exc:
+        load_profile(_write(tmp_path, {k: v for k, v in d.items() if k != "description"} | {"description": {"a": 1}}))
+    assert "description: expected str" in str(exc.value) and time.monotonic() - t < 2
+    from pydantic import ValidationError
+
+    from gauntlet.params.loader import format_validation_error
+    from gauntlet.params.models import Profile
+    with pytest.raises(ValidationError) as verr:
+        Profile.model_validate(d)
+    t = time.monotonic()
+    msg = format_validation_error("p.yaml", verr.value)
+    assert time.monotonic() - t < 0.5 and len(msg) < 2000 and "description: expected str" in msg
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["render", "--profile", "x" * 300], "not a readable profile path (File name too long)"),
+    (["lint", "--profile", "a/b"], "no such profile file, and not a profile name"),
+    (["render", "--profile", "/nonexistent/p.yaml"], "no such profile file"),
+    (["render"], "UsageError: gauntlet render: the following arguments are required: --profile"),
+    (["render", "--profile", "kimi-k3-h20", "--out", str(KIMI)], "UsageError: "),
+])
+def test_cli_bad_arguments_one_line_exit_2(argv, needle, capsys):
+    from gauntlet.workflows.cli import main
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+
+
+def test_render_writes_nothing_outside_out(tmp_path):
+    """The name is validated; and render_profile refuses any file name that would leave --out."""
+    from gauntlet.contract import GauntletError
+    from gauntlet.workflows.render import render_profile
+    evil = load_profile("kimi-k3-h20").model_copy(update={"name": "../../evil"})   # model_copy skips validation
+    out = tmp_path / "a" / "out"
+    with pytest.raises(GauntletError):
+        render_profile(evil, out)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.yaml")) == []
+    r = _cli("render", "--profile", str(_write(tmp_path, _mutate(["name"], "../../evil"))), "--out", str(out))
+    assert r.returncode == 2 and "name: expected a DNS-1123 label" in r.stderr
+    assert list(tmp_path.rglob("*.workflowtemplate.yaml")) == []
+
+
+def test_render_refuses_a_configmap_over_1_mib(tmp_path, monkeypatch, capsys):
+    from gauntlet.workflows import render
+    from gauntlet.workflows.cli import main
+    monkeypatch.setattr(render, "CONFIGMAP_MAX_BYTES", 5_000)       # the Kimi profile's data is ~10 KB
+    rc = main(["render", "--profile", "kimi-k3-h20", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("RenderError: gauntlet-kimi-k3-h20.profile.yaml: ConfigMap "
+                                      "gauntlet-kimi-k3-h20-profile holds ") and "over the 1 MiB" in err
+    assert err.rstrip().endswith(f"(profile {KIMI})")
+    assert not (tmp_path / "out").exists()

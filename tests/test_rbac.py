@@ -1,4 +1,5 @@
-"""The Roles grant exactly what the code calls: verbs read from the code and seen on the wire, nothing broader.
+"""Each account's Role grants exactly what its steps' code calls: verbs read from the code and seen on the wire,
+per step and so per account (a step's account is its ``NEEDS.api`` role), nothing broader.
 
 A server-side apply is a PATCH, and one that creates the object is also authorized as ``create``
 (k8s.io/apiserver pkg/endpoints/handlers/patch.go runs the create validation under a ``Verb: "create"``
@@ -12,20 +13,31 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
-from k8s_double import FakeEngine, K8sDouble, running
+from k8s_double import running
 
 from gauntlet.params import load_profile
-from gauntlet.steps import (_cleanup_k8s, _deploy_k8s, _janitor_k8s, _network_launch, cleanup, deploy, network,
-                            teardown)
-from gauntlet.steps._k8s import rbac
-from gauntlet.steps._k8s.api import connect
-from gauntlet.steps._k8s.manager import KINDS, node_gpu_pods
+from gauntlet.steps import STEPS, needs_of, runner
+from gauntlet.steps.backends.kubernetes import cleanup as _cleanup_k8s
+from gauntlet.steps.backends.kubernetes import deploy as _deploy_k8s
+from gauntlet.steps.backends.kubernetes import janitor as _janitor_k8s
+from gauntlet.steps.gates import cleanup
+from gauntlet.steps.gates import deploy
+from gauntlet.steps.gates import network
+from gauntlet.steps.gates import teardown
+from gauntlet.steps.backends.kubernetes import RUN_LABEL
+from gauntlet.steps.backends.kubernetes import rbac
+from gauntlet.steps.backends import BACKENDS
+from gauntlet.steps.backends.kubernetes.api import connect
+from gauntlet.steps.backends.kubernetes.manager import KINDS, node_gpu_pods
 
 ROOT = Path(__file__).resolve().parents[1]
-K8S_CODE = [ROOT / "steps" / p for p in ("_k8s/api.py", "_k8s/apply.py", "_k8s/manager.py", "_deploy_k8s.py",
-                                           "_cleanup_k8s.py", "network.py", "nodes.py")]
+K8S_CODE = [ROOT / "steps" / p for p in ("backends/kubernetes/api.py", "backends/kubernetes/apply.py",
+                                           "backends/kubernetes/manager.py", "backends/kubernetes/deploy.py",
+                                           "backends/kubernetes/cleanup.py", "gates/network.py", "gates/nodes.py",
+                                           "backends/ranks.py")]
 # what `gauntlet step janitor` imports and calls (it applies nothing)
-JANITOR_CODE = [ROOT / "steps" / p for p in ("_k8s/api.py", "_k8s/manager.py", "_cleanup_k8s.py", "_janitor_k8s.py")]
+JANITOR_CODE = [ROOT / "steps" / p for p in ("backends/kubernetes/api.py", "backends/kubernetes/manager.py",
+                                              "backends/kubernetes/cleanup.py", "backends/kubernetes/janitor.py")]
 KIMI = load_profile("kimi-k3-h20")
 UID = "11111111-2222-4333-8444-555555555555"
 VERB = {"read": "get", "list": "list", "patch": "patch", "delete": "delete", "create": "create",
@@ -39,6 +51,16 @@ RESOURCE = {"namespaced_stateful_set": ("apps", "statefulsets"), "namespaced_sta
 
 def granted(rules) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def role_grants(role: str | None) -> set[tuple[str, str, str, str]]:
+    """(scope, apiGroup, resource, verb) the role's account holds (Argo's executor's rules aside)."""
+    ns, cluster = rbac.ROLES[role]
+    return {("namespace", *g) for g in granted(ns)} | {("cluster", *g) for g in granted(cluster)}
+
+
+def steps_of(role: str | None) -> list[str]:
+    return [s for s in STEPS if needs_of(s).api == role]
 
 
 def calls_in_code(files: list[Path] = K8S_CODE) -> set[tuple[str, str, str]]:
@@ -61,11 +83,10 @@ def calls_in_code(files: list[Path] = K8S_CODE) -> set[tuple[str, str, str]]:
     return found
 
 
-def test_role_is_exactly_what_the_code_calls():
+def test_roles_are_exactly_what_the_code_calls():
     code = calls_in_code()
-    assert code == granted(rbac.RULES) | granted(rbac.CLUSTER_RULES), (
-        f"code calls but not granted: {code - granted(rbac.RULES) - granted(rbac.CLUSTER_RULES)}; "
-        f"granted but never called: {granted(rbac.RULES) | granted(rbac.CLUSTER_RULES) - code}")
+    roles = granted(rbac.RULES) | granted(rbac.CLUSTER_RULES)
+    assert code == roles, f"code calls but not granted: {code - roles}; granted but never called: {roles - code}"
 
 
 def test_apply_needs_create_and_patch():
@@ -94,28 +115,95 @@ def test_nothing_broad():
         # create only where server-side apply needs it (with patch), or Argo's executor reporting outputs
         assert "create" not in rule["verbs"] or "patch" in rule["verbs"]
     assert granted(rbac.CLUSTER_RULES) == {("", "pods", "list")}          # cluster-wide: read one list only
+    # and only the node step's account holds anything cluster-wide; only manage and janitor change anything
+    assert [r for r, (_, cluster) in rbac.ROLES.items() if cluster] == ["nodes"] == [
+        needs_of(s).api for s in STEPS if needs_of(s).api == "nodes"]
+    changes = {"create", "patch", "delete"}
+    assert [r for r, (ns, _) in rbac.ROLES.items() if changes & {v for *_, v in granted(ns)}] == ["manage", "janitor"]
+    assert rbac.ROLES[None] == ([], [])
 
 
 def test_rendered_documents():
-    docs = rbac.role_manifests("gauntlet", "gauntlet")
-    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]
+    docs = rbac.access_manifests("gauntlet", "gauntlet")
     for d in docs:
         kubernetes_validate.validate(d, "1.37.0", strict=True)
-    role = docs[1]
-    assert granted(role["rules"]) == granted(rbac.RULES) | granted(rbac.EXECUTOR_RULES)
-    assert docs[2]["roleRef"]["name"] == role["metadata"]["name"] and docs[2]["subjects"][0]["name"] == "gauntlet"
-    assert granted(docs[3]["rules"]) == granted(rbac.CLUSTER_RULES)
-    jan = rbac.janitor_manifests("gauntlet")
-    assert [d["kind"] for d in jan] == ["ServiceAccount", "Role", "RoleBinding"]
-    for d in jan:
-        kubernetes_validate.validate(d, "1.37.0", strict=True)
-    assert granted(jan[1]["rules"]) == granted(rbac.JANITOR_RULES) | granted(rbac.EXECUTOR_RULES)
-    assert jan[2]["subjects"][0]["name"] == rbac.JANITOR_ACCOUNT == jan[2]["roleRef"]["name"]
+    accounts = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]
+    assert accounts == ["gauntlet-manager", "gauntlet-nodes", "gauntlet-janitor", "gauntlet"]
+    assert [rbac.account("gauntlet", r) for r in rbac.ROLES] == accounts
+    for role, (rules, cluster_rules) in rbac.ROLES.items():
+        name = rbac.account("gauntlet", role)
+        role_doc = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == name)
+        assert granted(role_doc["rules"]) == granted(rules) | granted(rbac.EXECUTOR_RULES)   # each: the executor's too
+        binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == name)
+        assert binding["roleRef"]["name"] == name and binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": "gauntlet"}]
+        crb = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["subjects"][0]["name"] == name]
+        assert bool(crb) == bool(cluster_rules)
+        if crb:
+            cr = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == crb[0]["roleRef"]["name"])
+            assert granted(cr["rules"]) == granted(cluster_rules)
+    assert [d["kind"] for d in docs[-2:]] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
-def wire_to_rules(method: str, path: str, ctype: str = "") -> set[tuple[str, str, str]]:
+def test_label_policy_covers_the_accounts_that_change_things():
+    """The policy binds the manager's and the janitor's accounts, on every kind either may change, in our
+    namespace only; every operation RBAC grants them is matched."""
+    pol, binding = rbac.label_policy("team-a", "gauntlet")
+    spec = pol["spec"]
+    assert rbac.RUN_LABEL_KEY == RUN_LABEL and spec["failurePolicy"] == "Fail"
+    (cond,) = spec["matchConditions"]
+    assert cond["expression"] == ("request.userInfo.username in ['system:serviceaccount:team-a:gauntlet-manager', "
+                                  "'system:serviceaccount:team-a:gauntlet-janitor']")
+    matched = {(g, r, op) for rule in spec["matchConstraints"]["resourceRules"] for g in rule["apiGroups"]
+               for r in rule["resources"] for op in rule["operations"]}
+    op = {"create": "CREATE", "patch": "UPDATE", "delete": "DELETE"}
+    for rules in (rbac.RULES, rbac.JANITOR_RULES):
+        for g, r, v in granted(rules):
+            if v in op:
+                assert (g, r, op[v]) in matched, (g, r, v)
+    assert all(f"'{RUN_LABEL}' in " in v["expression"] or "replicas == 0" in v["expression"]
+               for v in spec["validations"])
+    assert binding["spec"] == {"policyName": pol["metadata"]["name"], "validationActions": ["Deny"], "matchResources": {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}}}
+
+
+def test_render_gives_each_template_the_account_of_its_steps_role():
+    from gauntlet.workflows.render import render_documents
+    docs = render_documents(KIMI)
+    wt = docs["gauntlet-kimi-k3-h20.workflowtemplate.yaml"]
+    accounts = {d["metadata"]["name"] for d in docs["gauntlet-kimi-k3-h20.rbac.yaml"] if d["kind"] == "ServiceAccount"}
+    seen = {}
+    for t in wt["spec"]["templates"]:
+        if "container" in t:
+            step = t["container"]["args"][1]
+            seen[step] = t["serviceAccountName"]
+            assert t["serviceAccountName"] == rbac.account(KIMI.service_account, needs_of(step).api), t["name"]
+    assert seen["deploy"] == seen["cleanup"] == seen["longctx"] == seen["network"] == "gauntlet-manager"
+    assert seen["smoke"] == seen["perf"] == "gauntlet-manager" and seen["nodes"] == "gauntlet-nodes"   # redeploy
+    assert seen["report"] == seen["regress"] == seen["preflight"] == "gauntlet"
+    assert set(seen.values()) <= accounts and wt["spec"]["serviceAccountName"] == "gauntlet"   # the default: no API
+    jan = docs["gauntlet-janitor.cronworkflow.yaml"]["spec"]["workflowSpec"]
+    assert jan["serviceAccountName"] == rbac.JANITOR_ACCOUNT in accounts
+
+
+def test_engine_and_probe_pods_carry_no_token():
+    from gauntlet.steps.backends.kubernetes import manifests as M
+    sts = M.engine_objects(KIMI, "sglang", UID, "img", KIMI.engine("sglang"), None)[-1]
+    job = M.probe_job(KIMI, "intra", UID, "img", {}, "x", [])
+    for pod in (sts["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
+        assert pod["automountServiceAccountToken"] is False and pod["serviceAccountName"] == KIMI.service_account
+
+
+def test_every_gate_that_watches_ranks_may_list_pods():
+    for s in STEPS:
+        if needs_of(s).engine_ranks:
+            assert ("namespace", "", "pods", "list") in role_grants(needs_of(s).api), s
+
+
+def wire_to_rules(method: str, path: str, ctype: str = "") -> set[tuple[str, str, str, str]]:
+    """(scope, apiGroup, resource, verb) one request needs."""
     if path == "/api/v1/pods":
-        return {("", "pods", "list")}
+        return {("cluster", "", "pods", "list")}
     m = re.match(r"^/apis?/(?:(apps|batch|argoproj.io)/)?v1(?:alpha1)?/namespaces/[^/]+/([a-z]+)"
                  r"(?:/([^/]+)(?:/([a-z]+))?)?$", path)
     assert m, path
@@ -123,39 +211,90 @@ def wire_to_rules(method: str, path: str, ctype: str = "") -> set[tuple[str, str
     resource = f"{plural}/{sub}" if sub else plural
     verb = {"GET": "get" if name else "list", "PATCH": "patch", "DELETE": "delete"}[method]
     if method == "PATCH" and ctype.startswith("application/apply-patch"):
-        return {(group or "", resource, "patch"), (group or "", resource, "create")}
-    return {(group or "", resource, verb)}
+        return {("namespace", group or "", resource, "patch"), ("namespace", group or "", resource, "create")}
+    return {("namespace", group or "", resource, verb)}
 
 
 @pytest.fixture
-def wire(monkeypatch, tmp_path):
-    """Every gate that talks to the API, once, against the double; the requests it saw."""
-    with K8sDouble() as d, FakeEngine() as eng:
-        monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
-        monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
-        monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
-        monkeypatch.setattr(_network_launch, "POLL_S", 0.02)
-        a = dict(profile=KIMI, engine="sglang", run_id=UID)
-        _deploy_k8s.deploy(deploy.Options(**a), tmp_path / "deploy")
-        _deploy_k8s.teardown(teardown.Options(**a), tmp_path / "teardown")
-        node_gpu_pods(connect(), "h20-node-01")
-        d.pod_status = lambda pod: {"phase": "Succeeded", "containerStatuses": [
-            {"name": "probe", "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}]}
-        (tmp_path / "network").mkdir()
-        network.run(network.Options(profile=KIMI, run_id=UID, inputs=(), launcher="kubernetes"), tmp_path / "network")
-        d.pod_status = running
-        _deploy_k8s.deploy(deploy.Options(profile=KIMI, engine="vllm", run_id=UID),
-                           tmp_path / "deploy-vllm")
-        _cleanup_k8s.cleanup(cleanup.Options(run_id=UID, workflow_status="Succeeded", run_dir=str(tmp_path)), KIMI,
-                             tmp_path / "cleanup")
-        yield d.requests
+def wire(api_double, monkeypatch, tmp_path):
+    """Every step that talks to the API, once, against the double, through the code that step runs:
+    step -> the requests it sent."""
+    by_step: dict[str, list] = {}
+    d, eng = api_double
+    monkeypatch.setenv("GAUNTLET_RUN_ID", UID)
+
+    def step(name, fn, *a, **kw):
+        d.requests.clear()
+        result = fn(*a, **kw)
+        by_step.setdefault(name, []).extend(d.requests)
+        return result
+
+    k8s = BACKENDS["kubernetes"]
+    a = dict(profile=KIMI, engine="sglang", run_id=UID)
+    step("deploy", deploy.run, deploy.Options(**a), tmp_path / "deploy")
+    for gate in ("smoke", "perf", "experiment-baseline"):          # the rank watch, at the gate's start
+        assert step(gate, runner._ranks, KIMI, "sglang", tmp_path / gate)
+        # a retry that finds the engine released: read the deployment, deploy it again (steps/gates/engine_present.py)
+        assert step(gate, k8s.deployed, KIMI, "sglang", run_dir=tmp_path, run_id=UID)
+        step(gate, k8s.deploy, deploy.Options(**a), tmp_path / f"{gate}-redeploy")
+    # Gate 5: its rank watch, the deployment it reads, the restart at a longer context (the ladder's calls)
+    step("longctx", runner._ranks, KIMI, "sglang", tmp_path / "longctx")
+    assert step("longctx", k8s.deployed, KIMI, "sglang", run_dir=tmp_path, run_id=UID)
+    step("longctx", k8s.restart, deploy.Options(**a, context_length=65536), tmp_path / "restart")
+    step("teardown", teardown.run, teardown.Options(**a), tmp_path / "teardown")
+    # Gate 6: a variant deployed and torn down through the same steps' code
+    step("experiment", deploy.run, deploy.Options(**a, variant="prefix-cache"), tmp_path / "var")
+    step("experiment", teardown.run, teardown.Options(**a, variant="prefix-cache"), tmp_path / "var-down")
+    step("nodes", node_gpu_pods, connect(), "h20-node-01")           # what nodes.run calls on the API
+    d.pod_status = lambda pod: {"phase": "Succeeded", "containerStatuses": [
+        {"name": "probe", "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}]}
+    (tmp_path / "network").mkdir()
+    step("network", network.run, network.Options(profile=KIMI, run_id=UID, inputs=(), backend="kubernetes"),
+         tmp_path / "network")
+    d.pod_status = running
+    step("deploy", deploy.run, deploy.Options(profile=KIMI, engine="vllm", run_id=UID), tmp_path / "deploy-vllm")
+    step("cleanup", _cleanup_k8s.cleanup, cleanup.Options(run_id=UID, workflow_status="Succeeded",
+                                                          run_dir=str(tmp_path)), KIMI, tmp_path / "cleanup")
+    yield by_step
 
 
-def test_every_request_on_the_wire_is_granted(wire):
-    seen = set().union(*(wire_to_rules(m, p, c) for (m, p, _, c) in wire))
-    assert seen <= granted(rbac.RULES) | granted(rbac.CLUSTER_RULES), seen - granted(rbac.RULES)
-    # and the flows use every grant: nothing in the Role is dead weight
-    assert seen == granted(rbac.RULES) | granted(rbac.CLUSTER_RULES)
+def needed(requests) -> set[tuple[str, str, str, str]]:
+    return set().union(*(wire_to_rules(m, p, c) for (m, p, _, c) in requests))
+
+
+def test_every_request_of_every_step_is_granted_to_its_account(wire):
+    for s, requests in wire.items():
+        assert needed(requests) <= role_grants(needs_of(s).api), (s, needs_of(s).api,
+                                                                  needed(requests) - role_grants(needs_of(s).api))
+    # and each account's steps use every grant it has: nothing in a Role is dead weight
+    for role in ("manage", "nodes"):
+        seen = set().union(*(needed(r) for s, r in wire.items() if needs_of(s).api == role))
+        assert seen == role_grants(role), (role, role_grants(role) - seen)
+        assert set(steps_of(role)) <= set(wire), (role, set(steps_of(role)) - set(wire))   # every step tried
+    # the steps of no role call nothing: none of the modules they import (transitively) reaches the API
+    # (the back-end registry counts: it imports the Kubernetes back end on demand)
+    for s in steps_of(None):
+        reached = imported_modules(STEPS[s])
+        assert STEPS[s] in reached and len(reached) > 3, (s, reached)      # the walk itself works
+        assert not {m for m in reached if m.startswith("gauntlet.steps.backends")}, s
+
+
+def imported_modules(module: str) -> set[str]:
+    """The project modules ``module`` imports, at any depth (function-level and importlib ones too)."""
+    from test_boundaries import module_graph
+
+    graph = module_graph()
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += graph.get(name, ())
+    return seen
+
+
+def test_the_reach_walk_finds_the_kubernetes_back_end_behind_deploy():
+    assert any(m.startswith("gauntlet.steps.backends.kubernetes") for m in imported_modules(STEPS["deploy"]))
 
 
 WF_DONE = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
@@ -163,25 +302,21 @@ WF_DONE = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
            "status": {"phase": "Failed", "finishedAt": "2026-12-01T00:00:00Z"}}
 
 
-def test_janitor_wire_is_granted_by_its_role(monkeypatch, tmp_path):
+def test_janitor_wire_is_granted_by_its_role(api_double, monkeypatch, tmp_path):
     """The janitor, once over a finished run with a StatefulSet, a Job, Services and a bare pod."""
-    with K8sDouble() as d, FakeEngine() as eng:
-        monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
-        monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
-        monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
-        monkeypatch.setattr(_cleanup_k8s, "POLL_S", 0.02)
-        _deploy_k8s.deploy(deploy.Options(profile=KIMI, engine="sglang", run_id=UID),
-                           tmp_path / "deploy")
-        d.add({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "probe", "namespace": "gauntlet",
-               "labels": {"gauntlet.dev/run": UID}}, "spec": {"completions": 1, "template": {"spec": {
-                   "containers": [{"name": "p", "image": "x"}]}}}})
-        d.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": "gauntlet",
-               "labels": {"gauntlet.dev/run": UID}}, "spec": {"containers": [{"name": "c", "image": "x"}]},
-               "status": {"phase": "Running"}})
-        d.add(WF_DONE)
-        d.requests.clear()
-        checks, metrics = _janitor_k8s.sweep("gauntlet", tmp_path / "janitor", 60)
-        assert metrics["held"] == [] and UID in metrics["released"], checks
-    seen = set().union(*(wire_to_rules(m, p, c) for (m, p, _, c) in d.requests))
-    assert seen == granted(rbac.JANITOR_RULES), (seen - granted(rbac.JANITOR_RULES),
-                                                 granted(rbac.JANITOR_RULES) - seen)
+    d, eng = api_double
+    _deploy_k8s.deploy(deploy.Options(profile=KIMI, engine="sglang", run_id=UID),
+                       tmp_path / "deploy")
+    d.add({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "probe", "namespace": "gauntlet",
+           "labels": {"gauntlet.dev/run": UID}}, "spec": {"completions": 1, "template": {"spec": {
+               "containers": [{"name": "p", "image": "x"}]}}}})
+    d.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": "gauntlet",
+           "labels": {"gauntlet.dev/run": UID}}, "spec": {"containers": [{"name": "c", "image": "x"}]},
+           "status": {"phase": "Running"}})
+    d.add(WF_DONE)
+    d.requests.clear()
+    checks, metrics = _janitor_k8s.sweep("gauntlet", tmp_path / "janitor", 60)
+    assert metrics["held"] == [] and UID in metrics["released"], checks
+    seen = needed(d.requests)
+    assert needs_of("janitor").api == "janitor"
+    assert seen == role_grants("janitor"), (seen - role_grants("janitor"), role_grants("janitor") - seen)

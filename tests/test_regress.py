@@ -6,8 +6,8 @@ import random
 import pytest
 
 from gauntlet.params import load_profile
-from gauntlet.steps.regress import DEFAULT_RULE, Options, Rule, judge, judge_metric, judge_two_stage, nightly_medians, run
-from gauntlet.steps.results import append_rounds
+from gauntlet.steps.gates.regress import DEFAULT_RULE, Options, Rule, judge, judge_metric, judge_two_stage, nightly_medians, run
+from gauntlet.steps.evidence.results import append_rounds
 
 
 def _hist(n, centre=100.0, jitter=0.01, seed=1):
@@ -116,14 +116,14 @@ def _noisy(n=14, sd=0.02, seed=5):
 
 
 def _band(hist, k):
-    from gauntlet.steps._stats import mad, median
+    from gauntlet.steps.evidence.stats import mad, median
     return max(k * 1.4826 * mad(hist), 0.03 * median(hist))
 
 
 def test_suspicion_is_labelled_regressed_only_when_confirmed():
     hist = _noisy()
     rule = DEFAULT_RULE
-    from gauntlet.steps._stats import median
+    from gauntlet.steps.evidence.stats import median
     centre = median(hist)
     night = centre - (_band(hist, rule.k_suspect) + _band(hist, rule.k)) / 2   # past suspect, inside the band
     cleared = judge_two_stage(night, hist, +1, 0.03, rule, confirm=centre, confirm_rounds=6)
@@ -201,8 +201,11 @@ def test_confirmation_runs_only_on_a_suspicion_and_never_holds_longctx_back(susp
     assert confirm.step == "perf" and "--phase" in confirm.args and "confirm" in confirm.args
     assert str(DEFAULT_RULE.confirm_rounds) in confirm.args
     assert seq.task("suspect").step == "regress" and "suspect" in seq.task("suspect").args
-    assert longctx.upstream == ("confirm",)
-    assert all(n.met({"confirm": "Succeeded" if runs else "Skipped"}) for n in longctx.depends)
+    # Gate 6's baseline phases run next, on the still-up baseline, whether confirm ran or was skipped;
+    # longctx follows them (an engine without such phases goes straight from confirm to longctx)
+    after = seq.task("baseline-phases")
+    assert after.upstream == ("confirm",) and longctx.upstream == ("baseline-phases",)
+    assert all(n.met({"confirm": "Succeeded" if runs else "Skipped"}) for n in after.depends)
 
 
 # ---- where the change came from --------------------------------------------------
@@ -247,12 +250,15 @@ def test_confirm_before_alarm_real_engine(tmp_path, endpoint):
     import yaml
 
     from gauntlet.params import profile_path
-    from gauntlet.steps.results import read_rounds
+    from gauntlet.steps.evidence.results import read_rounds
     from gauntlet.workflows.cli import main as gauntlet
 
     doc = yaml.safe_load(profile_path("local-cpu").read_text())
     doc["bench"].update(warmup_prompts=1, prompts_per_concurrency=1)
     doc["bench"]["cases"] = [dict(doc["bench"]["cases"][0], output_len=8)]
+    for e in doc["engines"].values():      # the plan's per-case rates name only cases the profile has
+        if (e.get("plan") or {}).get("case_tps"):
+            e["plan"]["case_tps"] = {k: v for k, v in e["plan"]["case_tps"].items() if k == "c2-128-32"}
     prof = tmp_path / "local-small.yaml"
     prof.write_text(yaml.safe_dump(doc))
     run = tmp_path / "runs" / "tonight"
@@ -286,7 +292,7 @@ def test_confirm_before_alarm_real_engine(tmp_path, endpoint):
 
 # ---- the confirmation's sigma from the history's rounds ------------------------------------------
 
-from gauntlet.steps.regress import confirm_sigma, median_var, round_sigma  # noqa: E402
+from gauntlet.steps.gates.regress import confirm_sigma, median_var, round_sigma  # noqa: E402
 
 # 14 nights: each night's rounds m - 3, m, m + 3 (within-night pairs differ by 3, 3, 6); the nights'
 # medians m spread as a night median of such rounds would (robust night sigma 2.22)

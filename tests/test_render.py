@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from gauntlet.params import load_profile
+from gauntlet.steps import needs_of
 from gauntlet.workflows.graph import build_graph
 from gauntlet.workflows.lint import lint_paths
 from gauntlet.workflows.render import RUN_LABEL, dump_yaml, render_documents, render_profile
@@ -109,8 +110,8 @@ def test_gate_order_of_the_plan():
         assert before in tasks[after]["depends"] or any(
             before in tasks[d]["depends"] for d, _ in _depends_terms(tasks[after]["depends"])), (before, after)
     seq = _tasks(_wt(), "engine-sequence")
-    chain = ["deploy", "smoke", "perf", "perf-c32-1k-1k", "suspect", "confirm", "longctx", "longctx-1048576",
-             "exp-prefix-cache", "exp-dspark", "exp-hicache", "teardown"]
+    chain = ["deploy", "smoke", "perf", "perf-c32-1k-1k", "suspect", "confirm", "baseline-phases", "longctx",
+             "longctx-1048576", "release-baseline", "exp-prefix-cache", "exp-dspark", "exp-hicache", "teardown"]
     for before, after in zip(chain, chain[1:]):
         assert f"{before}.Succeeded" in seq[after]["depends"], (before, after, seq[after]["depends"])
     assert seq["perf-c32-1k-1k"]["when"] == "{{tasks.perf.outputs.parameters.unlock_c32_1k_1k}} == true"
@@ -135,13 +136,16 @@ def test_exit_handler_reaches_every_engine():
     # cleanup acts on the run label, which every pod of every engine carries
     assert spec["podMetadata"]["labels"][RUN_LABEL] == "{{workflow.uid}}"
     engines = {a["value"] for t in _tasks(wt, "main").values() if t.get("template") == "engine-sequence"
-               for a in t["arguments"]["parameters"]}
+               for a in t["arguments"]["parameters"] if a["name"] == "engine"}
     assert engines == set(load_profile("kimi-k3-h20").engines)
 
 
 def test_retries_only_on_exit_75():
     for t in _wt()["spec"]["templates"]:
         if "container" not in t:
+            continue
+        if "retryStrategy" not in t:        # a gate that never exits 75: its `timeout` must count Pending
+            assert not needs_of(t["container"]["args"][1]).transient and t["timeout"], t["name"]
             continue
         rs = t["retryStrategy"]
         assert rs["expression"] == "asInt(lastRetry.exitCode) == 75", t["name"]
@@ -150,14 +154,18 @@ def test_retries_only_on_exit_75():
 def test_retry_backoff_is_a_parameter_and_has_no_max_duration():
     """Argo v4 counts backoff.maxDuration from the first attempt's start and makes it the next attempt's
     deadline (operator.go processNodeRetries): a late exit 75 would never be retried."""
+    from gauntlet.workflows.graph import EXIT_BACKOFF
     wt = _wt()
     params = {p["name"]: p for p in wt["spec"]["arguments"]["parameters"]}
     assert params["retry-backoff"]["value"] == "30s"
     for t in wt["spec"]["templates"]:
-        if "container" in t:
+        if "container" in t and "retryStrategy" in t:
             backoff = t["retryStrategy"]["backoff"]
             assert "maxDuration" not in backoff, t["name"]
-            assert backoff["duration"] == "{{workflow.parameters.retry-backoff}}" and backoff["factor"] in ("2", 2)
+            # the exit handler's retry never depends on a user-supplied value (a bad retry-backoff would turn
+            # its retry into an Error and leave the GPUs held): a fixed backoff there
+            want = EXIT_BACKOFF if t["name"] == "cleanup" else "{{workflow.parameters.retry-backoff}}"
+            assert backoff["duration"] == want and backoff["factor"] in ("2", 2), t["name"]
             assert t["activeDeadlineSeconds"] > 0          # each attempt is bounded by its own deadline
 
 
@@ -175,7 +183,9 @@ def test_gpu_requests_only_where_gpus_are_used():
     for i in (0, 1):
         pre = tmpl[f"preflight-{i}"]
         assert "nvidia.com/gpu" not in str(pre["container"]["resources"])
-        assert pre["nodeSelector"] == {"kubernetes.io/hostname": load_profile("kimi-k3-h20").hardware.nodes[i].name}
+        term = pre["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert term == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                               "values": [load_profile("kimi-k3-h20").hardware.nodes[i].name]}]}]
         mount = next(m for m in pre["container"]["volumeMounts"] if m["name"] == "model-cache")
         assert mount["readOnly"] is True and mount["mountPath"] == "/models-nvme/Kimi-K3/v1"
 
@@ -221,7 +231,7 @@ def test_workflow_level_settings():
     spec = _wt()["spec"]
     assert spec["synchronization"] == {"mutexes": [{"name": "gauntlet-h20-kimi"}]}
     assert spec["serviceAccountName"] == "gauntlet"
-    assert spec["activeDeadlineSeconds"] == 28800
+    assert spec["activeDeadlineSeconds"] == load_profile("kimi-k3-h20").active_deadline_s   # from the plan
     assert spec["podGC"]["strategy"] and spec["ttlStrategy"]["secondsAfterFailure"]
     engines = next(p for p in spec["arguments"]["parameters"] if p["name"] == "engines")
     assert engines["enum"] == ["both", "sglang", "vllm"] and engines["value"] == "both"
@@ -242,8 +252,9 @@ def test_rbac_is_namespaced_and_least_privilege():
     which Gate 1 needs to name other teams' GPU pods on our nodes."""
     rbac = next(v for k, v in _docs("kimi-k3-h20").items() if k.endswith(".rbac.yaml"))
     kinds = sorted(d["kind"] for d in rbac)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Role", "Role", "RoleBinding", "RoleBinding",
-                     "ServiceAccount", "ServiceAccount"]
+    # one account per API role (steps/backends/kubernetes/rbac.py ROLES), the label policy (tests/test_rbac.py)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", *["Role"] * 4, *["RoleBinding"] * 4, *["ServiceAccount"] * 4,
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     for role in (d for d in rbac if d["kind"] == "Role"):
         assert role["metadata"]["namespace"] == "gauntlet"
         for rule in role["rules"]:
@@ -316,7 +327,7 @@ def test_a_profile_file_outside_the_repo_renders_documents_that_run(tmp_path):
 
 
 def test_janitor_cronworkflow():
-    from gauntlet.steps._k8s.rbac import JANITOR_ACCOUNT
+    from gauntlet.steps.backends.kubernetes.rbac import JANITOR_ACCOUNT
     jan = _docs("kimi-k3-h20")["gauntlet-janitor.cronworkflow.yaml"]
     spec = jan["spec"]
     assert jan["metadata"]["name"] == "gauntlet-janitor"

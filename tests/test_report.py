@@ -4,13 +4,13 @@ import json
 from pathlib import Path
 
 from gauntlet.params import load_profile
-from gauntlet.steps._bench import parse_result
+from gauntlet.steps.client.bench import parse_result
 from gauntlet.contract import Check, Verdict, now_iso
-from gauntlet.steps._stats import stability
-from gauntlet.steps.experiment import compare, verdict
-from gauntlet.steps.longctx import RungResult, judge_rung
-from gauntlet.steps.perf import CaseResult, case_table
-from gauntlet.steps.report import fair_ab, write_report
+from gauntlet.steps.evidence.stats import stability
+from gauntlet.steps.gates.experiment import compare, verdict
+from gauntlet.steps.gates.longctx import RungResult, judge_rung
+from gauntlet.steps.gates.perf import CaseResult, case_table
+from gauntlet.steps.evidence.report import fair_ab, write_report
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 
@@ -79,7 +79,7 @@ def test_report_sections_and_plots(tmp_path):
     assert "beyond capability (known)" in md and "| 16384 | refused | not run |" in md
     assert "keep baseline" in md and "reusable prefix phase" in md and "90%" in md
     assert "| c2-128-32 | 83.3 | 3.44 | 120 |" in md
-    assert "**regressed**" in md and "per-rank expert load: unavailable" in md
+    assert "**regressed**" in md and "per-rank expert load: not recorded: vLLM has no expert distribution" in md
     for png in ("throughput.png", "latency.png", "ladder.png", "trend.png"):
         data = (run / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -116,7 +116,7 @@ def test_report_says_why_without_an_ab_table(tmp_path):
 
 
 def test_report_shows_each_phase_and_the_confirmation(tmp_path):
-    from gauntlet.steps.experiment import decision, phase_verdicts
+    from gauntlet.steps.gates.experiment import decision, phase_verdicts
 
     run = _run_dir(tmp_path)
     base, same, faster = _case("c2-128-32", 2), _case("c2-128-32", 2, 1.0), _case("c2-128-32", 2, 1.5)
@@ -184,7 +184,7 @@ def _nights(n, drop_last=False):
 def test_trend_has_dates_and_the_band_from_the_nights_before():
     from datetime import datetime
 
-    from gauntlet.steps.report import trend_series
+    from gauntlet.steps.evidence.report import trend_series
     one = trend_series(_nights(1))[("vllm", "c2-128-32")]
     assert len(one) == 1 and one[0]["date"] == datetime(2026, 9, 1, 2, 0) and one[0]["lo"] is None
     many = trend_series(_nights(90, drop_last=True))[("vllm", "c2-128-32")]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gauntlet.steps import report_step
+from gauntlet.steps.gates import report as report_step
 from gauntlet.steps.runner import run_step
 
 

@@ -5,7 +5,7 @@ import socket
 import pyarrow.fs as pafs
 import pytest
 
-from gauntlet.steps.results import append_rounds, read_rounds
+from gauntlet.steps.evidence.results import append_rounds, read_rounds
 
 
 def _row(**kw):
@@ -80,3 +80,23 @@ def test_a_store_uri_pyarrow_cannot_open_is_a_usage_error():
     from gauntlet.contract import UsageError
     with pytest.raises(UsageError, match="results store 'nosuch://x/y'"):
         read_rounds("nosuch://x/y")
+
+
+def test_s3_a_corrupt_object_is_quarantined_and_the_rest_reads(s3_server):
+    from gauntlet.steps.evidence.results import load_rounds
+    uri, fs = s3_server
+    uri = uri.replace("/kimi-k3?", "/corrupt?")      # moto keeps the other test's objects: a prefix of its own
+    append_rounds([_row(round=i) for i in range(1, 4)], uri)
+    append_rounds([_row(date="2026-12-03")], uri)
+    files = fs.get_file_info(pafs.FileSelector("gauntlet-results/corrupt/rounds", recursive=True))
+    victim = next(f.path for f in files if f.type == pafs.FileType.File and "date=2026-12-03" in f.path)
+    with fs.open_output_stream(victim) as fh:
+        fh.write(b"PAR1 and then nothing")
+    got = load_rounds(uri, profile="local-cpu")
+    assert got.table.num_rows == 3 and [q.moved_to for q in got.quarantined] == \
+        ["quarantine/" + victim.split("corrupt/", 1)[1]]
+    assert fs.get_file_info("gauntlet-results/corrupt/" + got.quarantined[0].moved_to).type == pafs.FileType.File
+    assert load_rounds(uri).quarantined == () and read_rounds(uri).num_rows == 3
+    staged = fs.get_file_info(pafs.FileSelector("gauntlet-results/corrupt/_staging", recursive=True,
+                                                allow_not_found=True))
+    assert [f.path for f in staged if f.type == pafs.FileType.File] == []

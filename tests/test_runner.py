@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from gauntlet.steps._deploy_local import find_labelled
-from gauntlet.steps._engine_local import group_members
+from gauntlet.steps.backends.local.deploy import find_labelled
+from gauntlet.steps.engines.local_vllm import group_members
 from gauntlet.workflows import refs
 from gauntlet.workflows.conditions import ExpressionError, eval_depends, eval_when
-from gauntlet.workflows.graph import SUCCEEDED_OR_SKIPPED, Dag, Graph, Need, Task, When
-from gauntlet.workflows.local import Runner, output_default, write_summary
+from gauntlet.workflows.graph import SUCCEEDED_OR_SKIPPED, Dag, Graph, Need, Task, When, output_default
+from gauntlet.workflows.local import Runner, write_summary
 
 FAKES = Path(__file__).parent / "fakes"
 REPO = Path(__file__).resolve().parent.parent
@@ -161,7 +161,7 @@ def fake_graph(fail_at: str | None = "smoke") -> Graph:
 def make_runner(tmp_path: Path, graph: Graph, engines: str = "vllm", steps: dict[str, str] | None = None) -> Runner:
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
-    mods = steps or {n: "gauntlet.steps.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown",
+    mods = steps or {n: "gauntlet.steps.gates.cleanup" for n in ("fake-pass", "fake-fail", "fake-engine", "fake-teardown",
                                                      "cleanup")}
     return Runner(graph, PROFILE, run_dir, {"engines": engines, "run-dir": str(run_dir)}, cli="fake_cli",
                   steps=mods, stream=io.StringIO(), cwd=REPO,
@@ -222,7 +222,7 @@ def test_all_pass_runs_everything_in_order_and_when(tmp_path: Path) -> None:
 
 def test_when_false_skips_and_engines_parameter(tmp_path: Path) -> None:
     r = make_runner(tmp_path, fake_graph(None), engines="sglang",
-                    steps={n: "gauntlet.steps.cleanup" for n in ("fake-pass", "fake-engine", "fake-teardown", "cleanup",
+                    steps={n: "gauntlet.steps.gates.cleanup" for n in ("fake-pass", "fake-engine", "fake-teardown", "cleanup",
                                                         "perf")})
     assert r.run() == "Succeeded"
     p = phases(r)

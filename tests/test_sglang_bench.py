@@ -19,8 +19,8 @@ import yaml
 from conftest import in_ci
 from gauntlet.contract import Check, TransientError, UsageError, Verdict, now_iso
 from gauntlet.params import load_profile, profile_path
-from gauntlet.steps._bench import BenchRequest
-from gauntlet.steps._sglang_bench import (CLIENT, Sample, dataset_lines, parse_sglang_result, requests_digest,
+from gauntlet.steps.client.bench import BenchRequest
+from gauntlet.steps.engines.sglang_bench import (CLIENT, Sample, dataset_lines, parse_sglang_result, requests_digest,
                                           run_sglang_client)
 
 PROFILE = load_profile("local-cpu")
@@ -41,8 +41,8 @@ def _received(path: Path) -> list[dict]:
 @pytest.mark.slow  # imports vLLM in-process and runs sglang.bench_serving (about 20 s on 2 cores)
 def test_both_clients_send_the_same_requests(tmp_path, local_model):
     _need_clients()
-    from gauntlet.steps._bench import parse_result, run_client
-    from gauntlet.steps._null_server import null_server
+    from gauntlet.steps.client.bench import parse_result, run_client
+    from gauntlet.steps.client.null_server import null_server
 
     def req(url: str, name: str) -> BenchRequest:
         # a shared prefix too: the client derives it from the seed, so it must come out the same
@@ -86,7 +86,7 @@ def test_parse_maps_sglang_keys_to_the_round_shape():
 
 
 def test_a_diagnostic_that_cannot_run_says_why_in_one_line(tmp_path):
-    from gauntlet.steps._engine_local import free_port
+    from gauntlet.steps.engines.local_vllm import free_port
     r = BenchRequest("http://127.0.0.1:9", "m", "tok", 128, 32, 2, 4, 42, tmp_path / "r.json")
     with pytest.raises(UsageError) as e:
         run_sglang_client(r, python=str(tmp_path / "no-such-python"), samples=[])
@@ -111,7 +111,7 @@ def _no_site_python(tmp_path: Path) -> str:
 def test_perf_verdict_is_unaffected_when_the_diagnostic_cannot_run(tmp_path, local_model):
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm not installed")
-    from gauntlet.steps._null_server import null_server
+    from gauntlet.steps.client.null_server import null_server
     from gauntlet.workflows.cli import main as gauntlet
 
     doc = yaml.safe_load(profile_path("local-cpu").read_text())
@@ -135,7 +135,7 @@ def test_perf_verdict_is_unaffected_when_the_diagnostic_cannot_run(tmp_path, loc
 
 
 def test_diagnostic_clients_option():
-    from gauntlet.steps.perf import Options, diagnostic_clients
+    from gauntlet.steps.gates.perf import Options, diagnostic_clients
     base = dict(profile=PROFILE, engine="vllm", endpoint="http://127.0.0.1:9", cases=("c2-128-32",))
     assert diagnostic_clients(Options(**base)) == list(PROFILE.bench.diagnostic_clients)
     assert diagnostic_clients(Options(**base, diagnostic_clients=(CLIENT,))) == [CLIENT]
@@ -161,7 +161,7 @@ def _perf_verdict(engine: str, tput: float, diag_tput: float) -> Verdict:
 
 
 def test_report_shows_diagnostics_only_in_their_own_section(tmp_path):
-    from gauntlet.steps.report import collect, render_markdown
+    from gauntlet.steps.evidence.report import collect, render_markdown
     run = tmp_path / "runs" / "r7"
     _perf_verdict("sglang", 80.0, 4321.9).write(run / "sglang" / "perf")
     _perf_verdict("vllm", 70.0, 1234.6).write(run / "vllm" / "perf")
@@ -180,6 +180,6 @@ def test_report_shows_diagnostics_only_in_their_own_section(tmp_path):
 
 
 def test_report_without_diagnostics_has_no_such_section(tmp_path):
-    from gauntlet.steps.report import collect, render_markdown
+    from gauntlet.steps.evidence.report import collect, render_markdown
     from test_report import _run_dir
     assert "Diagnostic client" not in render_markdown(collect(_run_dir(tmp_path)))

@@ -1,6 +1,6 @@
 """Gate 3's pure judgement: numbers, output sanity, SSE framing, probe PNGs, reply shapes.
 
-Answers in the tables are what SmolLM2 on vLLM 0.32 CPU really said (DESIGN.md)
+Answers in the tables are what SmolLM2 on vLLM 0.32 CPU really said on this machine
 where one is known, plus the failure shapes the gate must catch.
 """
 
@@ -12,10 +12,10 @@ import zlib
 
 import pytest
 
-from gauntlet.steps._answers import extract_number, judge_number, mentions, sanity_problems
-from gauntlet.steps._probe_image import broken_png, data_url, solid_png
-from gauntlet.steps._replies import Answer, Exchange, chat_answer, error_message, judge_reasoning, judge_refusal, judge_tool_call
-from gauntlet.steps._sse import parse_sse
+from gauntlet.steps.client.answers import extract_number, judge_number, mentions, sanity_problems
+from gauntlet.steps.client.probe_image import broken_png, data_url, solid_png
+from gauntlet.steps.client.replies import Answer, Exchange, chat_answer, error_message, judge_reasoning, judge_refusal, judge_tool_call
+from gauntlet.steps.client.sse import parse_sse
 
 # ---------------------------------------------------------------- numbers
 
@@ -302,7 +302,7 @@ def test_judge_reasoning(answer, needle):
     ("https://gw.example/kimi/v1/", "https://gw.example/kimi"),
 ])
 def test_normalize_endpoint(url, base):
-    from gauntlet.steps.engine_client import normalize_endpoint
+    from gauntlet.steps.client.http import normalize_endpoint
     assert normalize_endpoint(url) == base
 
 
@@ -324,7 +324,7 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
 
 
 def _scripted(defect: str | None = None, style: str = "sglang"):
-    """A Kimi K3 server speaking like ``style``: SGLang 0.5.23 or vLLM 0.32 (steps/_engine_replies.py)."""
+    """A Kimi K3 server speaking like ``style``: SGLang 0.5.23 or vLLM 0.32 (steps/engines/replies.py)."""
     import base64
     import re
 
@@ -408,8 +408,8 @@ def _scripted(defect: str | None = None, style: str = "sglang"):
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_kimi_profile_paths_over_a_scripted_server(defect, failing, engine):
     from gauntlet.params import load_profile
-    from gauntlet.steps.engine_client import EngineClient
-    from gauntlet.steps.smoke import run_checks
+    from gauntlet.steps.client.http import EngineClient
+    from gauntlet.steps.gates.smoke import run_checks
     profile = load_profile("kimi-k3-h20")
     with EngineClient("http://kimi.test/v1", 5, transport=_scripted(defect, style=engine)) as c:
         checks, _ = run_checks(c, profile, engine)
@@ -434,8 +434,8 @@ def test_kimi_profile_paths_over_a_scripted_server(defect, failing, engine):
 ])
 def test_named_tool_choice_finish_reason_per_engine(engine, server, ok):
     from gauntlet.params import load_profile
-    from gauntlet.steps.engine_client import EngineClient
-    from gauntlet.steps.smoke import Ctx, check_tool_call
+    from gauntlet.steps.client.http import EngineClient
+    from gauntlet.steps.gates.smoke import Ctx, check_tool_call
     profile = load_profile("kimi-k3-h20")
     profile = profile.model_copy(update={"smoke": profile.smoke.model_copy(update={"tool_choice": "named"})})
     with EngineClient("http://kimi.test/v1", 5, transport=_scripted(style=server)) as c:
@@ -447,8 +447,9 @@ def test_named_tool_choice_finish_reason_per_engine(engine, server, ok):
 
 
 def test_reply_rules_come_with_their_source():
-    from gauntlet.steps._engine_replies import OPENAI, RULES, rules_for
+    from gauntlet.steps.engines import ENGINES, engine, rules_for
+    from gauntlet.steps.engines.replies import OPENAI
     assert rules_for("tgi") is OPENAI and OPENAI.tool_finish("named") == "stop"      # an engine not read yet
-    for rules in RULES.values():
+    for rules in (engine(name).replies for name in ENGINES):
         assert {"tool_finish", "reasoning_field"} <= set(rules.sources)
         assert rules.tool_finish("auto") == "tool_calls"

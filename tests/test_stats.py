@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from gauntlet.steps._bench import parse_result
-from gauntlet.steps._stats import mad, round_validity, spread_rel, stability, summarize
+from gauntlet.steps.client.bench import parse_result
+from gauntlet.steps.evidence.stats import mad, round_validity, spread_rel, stability, summarize
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 

@@ -7,7 +7,7 @@ import json
 from safetensors import safe_open
 
 from gauntlet.params import load_profile
-from gauntlet.steps.synth import synth_from_profile
+from gauntlet.steps.model.synth import synth_from_profile
 from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gauntlet.params import load_profile
-from gauntlet.steps import _sysfs
+from gauntlet.steps.cluster import sysfs as _sysfs
 import sysfs_tree as T
 
 KIMI = load_profile("kimi-k3-h20")

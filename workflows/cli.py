@@ -7,9 +7,12 @@ and exit non-zero (2 for bad input); there is no traceback for bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import traceback
 from pathlib import Path
+from collections.abc import Iterator
+from typing import NoReturn
 
 from gauntlet.contract import GauntletError, UsageError, exit_code_of
 from gauntlet.params import load_profile, profile_path
@@ -19,13 +22,23 @@ from gauntlet.steps.options import add_options
 __all__ = ["main", "build_parser"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (``UsageError: gauntlet render: ...``), exit 2; subcommand
+    parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        message = message.replace("\n", "\\n")
+        message = message if len(message) <= 300 else message[:297] + "..."
+        self.exit(2, f"UsageError: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _add_profile(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--profile", required=required,
                    help="profile name in params/profiles/ (e.g. kimi-k3-h20, local-cpu) or a YAML path")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gauntlet", description=(
+    parser = _Parser(prog="gauntlet", description=(
         "Gated validation pipeline for serving a large model: render it to Argo, "
         "run it locally, or run one gate."))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -34,6 +47,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_profile(p)
     p.add_argument("--out", default="build", help="output directory (default: build)")
     p.add_argument("--no-lint", action="store_true", help="skip the strict lint after rendering")
+
+    p = sub.add_parser("plan", help="the run's schedule: each task's estimate against its deadline, the GPUs it "
+                       "holds and the GPU-hours spent when it ends, with the assumptions (docs/plan.md)")
+    _add_profile(p)
+    p.add_argument("--json", action="store_true", help="the plan as JSON")
 
     p = sub.add_parser("lint", help="strictly validate rendered files (DIR) or a profile and what it renders")
     p.add_argument("dir", nargs="?", help="directory (or file) of rendered YAML to lint")
@@ -55,13 +73,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--engines", default=None, help="sglang, vllm or both (default: the profile's engines)")
     p.add_argument("--gates", default=None, help="comma-separated gate names to run (default: all)")
 
-    p = sub.add_parser("janitor", help="release what finished or killed runs left running (--local: engines of "
-                       "dead runners under --runs-dir; else the cluster, as the gauntlet-janitor CronWorkflow does)")
-    p.add_argument("--local", action="store_true", help="the local back end")
-    p.add_argument("--runs-dir", default="runs", help="local: the runs directory (default: runs)")
-    p.add_argument("--grace", default="10m", help="cluster: release a run this long after its workflow finished")
-    p.add_argument("--namespace", default=None, help="cluster: namespace (default: $GAUNTLET_NAMESPACE or gauntlet)")
+    p = sub.add_parser("janitor", help="release what finished or killed runs left running (--backend local: engines "
+                       "of dead runners under --runs-dir; else the cluster, as the gauntlet-janitor CronWorkflow does)")
     p.add_argument("--out", default=None, help="evidence directory (default: <runs-dir>/.janitor/<time>)")
+    add_options(load_step("janitor").Options, p)        # the gate's own flags: --backend, --runs-dir, --grace, ...
 
     p = sub.add_parser("report", help="write report.md and plots for a run directory")
     p.add_argument("run_dir", help="runs/<run-id>/")
@@ -117,6 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     except (GauntletError, KeyboardInterrupt) as exc:
         print(f"{type(exc).__name__}: {exc}" if isinstance(exc, GauntletError) else "interrupted", file=sys.stderr)
         return exit_code_of(exc)
+    except OSError as exc:
+        if args.command == "step":
+            raise           # a gate's own errors are its verdict's business (steps/runner.py)
+        # a path the user gave that cannot be written or read (--out is a file, no permission): one line
+        print(f"UsageError: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+@contextlib.contextmanager
+def _naming_the_file(profile_arg: str) -> Iterator[None]:
+    """A profile that validated but cannot render (its plan over a deadline, a timeouts_s key naming no task):
+    the one-line error names the profile's file too."""
+    try:
+        yield
+    except UsageError as exc:
+        raise type(exc)(f"{exc} (profile {profile_path(profile_arg)})") from None
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -126,20 +157,32 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "render":
         from gauntlet.workflows.render import render_profile
         profile = load_profile(args.profile)
-        paths = render_profile(profile, Path(args.out))
+        with _naming_the_file(args.profile):
+            paths = render_profile(profile, Path(args.out))
         for p in paths:
             print(p)
         if args.no_lint:
             return 0
-        from gauntlet.workflows.lint import lint_paths, print_findings
-        return print_findings(lint_paths(paths))
+        import yaml
+        from gauntlet.workflows.lint import lint_paths, print_findings, profile_rules
+        named = [(p.name, d) for p in paths for d in yaml.safe_load_all(p.read_text()) if d is not None]
+        return print_findings(lint_paths(paths) + profile_rules(profile, named))
+    if args.command == "plan":
+        import json
+
+        from gauntlet.workflows.plan import format_table, plan_profile
+        plan = plan_profile(load_profile(args.profile))
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else format_table(plan))
+        return 0
     if args.command == "lint":
         from gauntlet.workflows.lint import lint_paths, lint_profile, print_findings
         if args.dir is None and args.profile is None:
             raise UsageError("lint: give a DIR of rendered files or --profile")
         findings = []
         if args.profile:
-            findings += lint_profile(load_profile(args.profile))
+            profile = load_profile(args.profile)
+            with _naming_the_file(args.profile):
+                findings += lint_profile(profile)
         if args.dir:
             d = Path(args.dir)
             if not d.exists():
@@ -164,16 +207,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.profile = None
         return run_step(load_step("janitor"), args)
     if args.command == "report":
-        from gauntlet.steps.report import write_report
+        from gauntlet.steps.evidence.report import write_report
         write_report(Path(args.run_dir), results=args.results)
         return 0
     if args.command == "model":
         if args.model_command == "prepare":
-            from gauntlet.steps.models_local import prepare
+            from gauntlet.steps.model.local import prepare
             print(prepare(args.name, cache=args.cache))
             return 0
         if args.model_command == "synth":
-            from gauntlet.steps.synth import synth_from_profile
+            from gauntlet.steps.model.synth import synth_from_profile
             print(synth_from_profile(load_profile(args.profile), Path(args.out), sparse=args.sparse))
             return 0
     raise UsageError(f"unknown command {args.command}")

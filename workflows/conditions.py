@@ -84,8 +84,9 @@ class _Parser:
 
     def parse(self) -> bool:
         v = self.or_()
-        if self.peek() is not None:
-            raise ExpressionError(f"unexpected {self.peek()[1]!r} in {self.expr!r}")
+        left = self.peek()
+        if left is not None:
+            raise ExpressionError(f"unexpected {left[1]!r} in {self.expr!r}")
         return v
 
     def or_(self) -> bool:

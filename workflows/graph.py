@@ -13,39 +13,86 @@ Conventions every step relies on:
 
 - each task runs ``gauntlet step <step> --profile <profile> --out <RUN>/<task-path>``
   where ``<RUN>`` is the ``run-dir`` workflow parameter (``/runs/<workflow uid>`` on Argo,
-  ``runs/<run-id>`` locally);
-- a step's output parameters are files under ``<out>/outputs/`` (``verdict`` always);
+  ``runs/<run-id>`` locally) and ``<task-path>`` is what :class:`gauntlet.contract.layout.RunLayout`
+  maps the task to (``<task>``, or ``<engine>/<task>`` in an engine sequence);
+- a step's output parameters are files under ``<out>/outputs/`` (``verdict`` always), read with
+  :func:`output_default` when the step wrote none;
 - in an engine sequence, later gates get ``--endpoint`` from the deploy task's
   ``endpoint`` output and ``--engine`` from the sequence's input.
+
+A task holds only what differs from task to task: its node and its flags, built from its gate's typed
+``Options`` (:func:`gate_args`). What holds for every task of a gate (its image, the host's network, one task
+per node on the cluster) is the gate's ``NEEDS`` (gauntlet.steps.gate.Needs), which render reads
+(:func:`image_key`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from pathlib import PurePosixPath
+from typing import Any, Literal
 
 from gauntlet.contract import UsageError, param_name
+from gauntlet.contract.layout import CLEANUP_TASK, RunLayout, preflight_task
 from gauntlet.params.models import Profile
-from gauntlet.steps.regress import DEFAULT_RULE
+from gauntlet.params.models import Variant
+from gauntlet.steps import Needs, load_step, needs_of
+from gauntlet.steps.gates.experiment import BASELINE_TASK
+from gauntlet.steps.gates.experiment_baseline import needs_baseline
+from gauntlet.steps.gates.regress import DEFAULT_RULE
+from gauntlet.steps.options import to_argv
 from gauntlet.workflows import refs
 from gauntlet.workflows.refs import Ref
 
 __all__ = ["Task", "Dag", "Graph", "Need", "When", "ConditionError", "build_graph", "ORCHESTRATORS", "Orchestrator", "PHASES",
            "SUCCEEDED", "SUCCEEDED_OR_SKIPPED", "SUCCEEDED_OR_FAILED", "RUN_DIR", "ENGINE_SEQUENCE",
-           "RETRY_LIMIT"]
+           "RETRY_LIMIT", "DEFAULT_TIMEOUT_S", "RetryPolicy", "retry_policy", "gate_args", "image_key",
+           "STEP_IMAGE", "BENCH_IMAGE", "output_default",
+           "dag_engine"]
 
 # which back end runs the graph (not where the engine runs: that is gauntlet.steps.backends)
 Orchestrator = Literal["argo", "local"]
 ORCHESTRATORS: tuple[Orchestrator, ...] = ("argo", "local")
 RUN_DIR = str(refs.parameter("run-dir"))
 ENGINE_SEQUENCE = "engine-sequence"
-# The step image built on the pinned vLLM image: the one bench client, CUDA torch for the GPU probe.
+# The image keys (params/images.yaml) of a gate's NEEDS.image (image_key): the project's step image, and the step
+# image built on the pinned vLLM image: the one bench client, CUDA torch for the GPU probe.
+STEP_IMAGE = "steps"
 BENCH_IMAGE = "steps-vllm"
 # Every step's retry policy, on both back ends: only exit gauntlet.contract.EXIT_TRANSIENT (a transient
 # infrastructure error) is retried, at most RETRY_LIMIT more times; a failed verdict (exit 1) is a result, never retried.
 RETRY_LIMIT = 3
+# The exit handler's first wait before a retry: fixed, never the user's retry-backoff (a value Argo cannot parse
+# in the exit handler's retryStrategy turns its retry into an Error and leaves the GPUs held).
+EXIT_BACKOFF = "10s"
+# A task's deadline (activeDeadlineSeconds on Argo, the local runner's kill) when neither the graph nor the
+# profile's timeouts_s sets one.
+DEFAULT_TIMEOUT_S = 4 * 3600
+
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a task's attempts are retried, the one rule both back ends follow: only exit
+    gauntlet.contract.EXIT_TRANSIENT is retried, at most ``limit`` more times, the n-th retry after
+    ``backoff * factor**(n-1)``. ``backoff`` is an Argo duration or a reference to a workflow parameter."""
+
+    limit: int
+    backoff: str
+    factor: int = 2
+
+
+def retry_policy(task: Task, needs: Needs | None = None) -> RetryPolicy | None:
+    """The task's retry policy; None when its gate never exits 75 (``Needs.transient`` False), which Argo then
+    runs without a retryStrategy (so its template ``timeout`` can fire while the pod is Pending) and the local
+    runner runs once. The exit handler waits a fixed EXIT_BACKOFF, every other step the ``retry-backoff``
+    parameter. ``needs``: the step's (default: the registered gate's)."""
+    if not task.step or not (needs or needs_of(task.step)).transient:
+        return None
+    return RetryPolicy(RETRY_LIMIT, EXIT_BACKOFF if task.gate == "exit" else str(refs.parameter("retry-backoff")))
+
 
 # The phases Argo's `depends` can ask of an upstream task.
 PHASES = ("Succeeded", "Failed", "Errored", "Skipped", "Omitted", "Daemoned")
@@ -87,7 +134,10 @@ class When:
 
     ``equals`` with a bool compares the value as Argo's ``true``/``false`` literal (an output whose
     default is ``false``); with a str, as quoted text (any text, an empty default included).
-    ``one-of`` is true when one of ``value``'s words matches the text (Argo's regex ``=~``).
+    ``one-of`` is true when one comma-separated item of the text is exactly one of ``value``'s words
+    (``engines=sglang,vllm`` runs both sequences; ``sglangx`` or ``xboth`` match nothing): rendered as the
+    anchored ``=~ '(^|,)(a|b)(,|$)'`` (render.argo_when); the ``params`` step refuses any item that is not an
+    allowed value before anything runs.
     """
 
     subject: Ref
@@ -128,11 +178,11 @@ class When:
         if "'" in text:
             raise ConditionError(f"{self.subject} is {text!r}: a quote cannot be compared inside quotes")
         if self.op == "one-of":
-            return re.search("|".join(self.value), text) is not None
+            return any(item in self.value for item in text.split(","))   # as the rendered anchored `=~`
         return text == self.value
 
     def __str__(self) -> str:
-        if self.op == "one-of":
+        if self.op == "one-of" and isinstance(self.value, tuple):     # one-of always holds a tuple
             return f"{self.subject.path} one of {'|'.join(self.value)}"
         value = ("true" if self.value else "false") if isinstance(self.value, bool) else repr(self.value)
         return f"{self.subject.path} == {value}"
@@ -145,21 +195,67 @@ class Task:
     name: str
     step: str | None = None                 # gauntlet step name; None when `dag` is set
     dag: str | None = None                  # name of a DAG template to call
-    args: tuple[str, ...] = ()              # extra CLI args; may hold references (workflows/refs.py)
+    args: tuple[str, ...] = ()              # its gate's flags (gate_args); may hold references (workflows/refs.py)
     depends: tuple[Need, ...] = ()          # all must be met, else the task is Omitted
     when: When | None = None                # false: the task is Skipped
     node: str | None = None                 # pin the pod to this node
-    image: str = "steps"                    # key into images/engines.yaml
     outputs: tuple[str, ...] = ()           # output parameter names beyond `verdict`
     inputs: dict[str, str] = field(default_factory=dict)  # DAG call arguments
     gate: str = ""                          # the plan's gate label (gate0..gate7, exit)
     timeout_s: int | None = None
-    host_network: bool = False              # see the node's own NICs (Gate 1)
 
     @property
     def upstream(self) -> tuple[str, ...]:
         """The tasks this one depends on."""
         return tuple(n.task for n in self.depends)
+
+    def flag(self, name: str) -> str | None:
+        """The word after ``name`` (e.g. ``--engine``) in the task's flags; None when it has no such flag."""
+        a = list(self.args)
+        return a[a.index(name) + 1] if name in a and a.index(name) + 1 < len(a) else None
+
+    def step_name(self) -> str:
+        """The step this container task runs; ValueError for a task that calls a DAG (it runs none)."""
+        if self.step is None:
+            raise ValueError(f"task {self.name}: calls DAG {self.dag}, not a step")
+        return self.step
+
+
+def gate_args(step: str, **values: Any) -> tuple[str, ...]:
+    """A task's flags: ``values`` (fields of its gate's ``Options``) as the gate's command line, in the order
+    given. A :class:`Ref` stands for one value, filled in when the task runs. TypeError on a field the gate does
+    not have, a value of the wrong type, or a required option left out (steps/options.py to_argv)."""
+    return to_argv(load_step(step).Options, values, opaque=(Ref,))
+
+
+def image_key(profile: Profile, task: Task) -> str:
+    """The image key (params/images.yaml) of the task's container, from its gate's ``NEEDS.image``: the step
+    image, the bench client's, or the image of the engine the task's ``--engine`` names (a literal engine of
+    the profile; ValueError otherwise)."""
+    if not task.step:
+        raise ValueError(f"task {task.name} calls DAG {task.dag}: it has no container of its own")
+    role = needs_of(task.step).image
+    if role == "engine":
+        engine = task.flag("--engine")
+        if engine is None or engine not in profile.engines:
+            raise ValueError(f"task {task.name}: gate {task.step} runs in its engine's image, so its --engine must "
+                             f"name an engine of profile {profile.name} (got {engine!r})")
+        return profile.engines[engine].image
+    return BENCH_IMAGE if role == "bench" else STEP_IMAGE
+
+
+def output_default(name: str) -> str:
+    """An output parameter's value when its step wrote no such file (a crash, a skipped branch): Argo's
+    ``valueFrom.default`` (render) and the local runner's value alike. ``verdict``: ``error``; ``unlock_*``:
+    ``false`` (the gated case or rung stays locked); any other: empty."""
+    return "error" if name == "verdict" else "false" if name.startswith("unlock") else ""
+
+
+def dag_engine(dag_name: str, inputs: Mapping[str, str]) -> str | None:
+    """The engine directory the tasks of DAG ``dag_name`` write under (RunLayout's ``<engine>/<task>``):
+    an engine sequence's ``engine`` input (a value locally, its reference when rendering); None for the
+    main DAG, whose tasks write at the run's root."""
+    return inputs["engine"] if dag_name == ENGINE_SEQUENCE else None
 
 
 @dataclass(frozen=True)
@@ -205,62 +301,101 @@ def _ok(*tasks: str, skipped: bool = False) -> tuple[Need, ...]:
     return tuple(Need(t, SUCCEEDED_OR_SKIPPED if skipped else SUCCEEDED) for t in tasks)
 
 
-def _engine_sequence(profile: Profile) -> Dag:
-    """Gates 2-6 for one engine, then teardown. The engine is the DAG's input."""
-    eng = str(refs.input_param("engine"))
-    endpoint = str(refs.output("deploy", "endpoint"))
-    common = ("--engine", eng, "--endpoint", endpoint)
-    # One client for every engine: `vllm bench serve` from the vLLM image, on a pool node whose
+RELEASE_TASK = "release-baseline"
+PARAMS_TASK = "params"
+# every parameter Argo (or the local runner) was given, undeclared ones included: Argo's JSON list of {name, value}
+ALL_PARAMETERS = refs.parameter("json")
+# how a parameter without an enum is checked (steps/gates/params.py RULES)
+PARAMETER_RULES = {"run-dir": "path", "results-uri": "uri", "retry-backoff": "duration"}
+
+
+def _on_engines(variants: list[Variant]) -> When | None:
+    """Only in the sequences of an engine one of ``variants`` runs on (None: every engine's)."""
+    engines = sorted({v.engine for v in variants if v.engine is not None})
+    if any(v.engine is None for v in variants) or not engines:
+        return None
+    eng = refs.input_param("engine")
+    return When.equals(eng, engines[0]) if len(engines) == 1 else When.one_of(eng, *engines)
+
+
+NCCL_ENV_INPUT = "nccl-env"      # the engine sequence's input on the cluster: Gate 1's per-node NCCL/GLOO env
+
+
+def _engine_sequence(profile: Profile, cluster: bool = False) -> Dag:
+    """Gates 2-6 for one engine, then teardown. The engine is the DAG's input.
+
+    Gate 6 never holds two engines' GPUs: the baseline runs the phases its variants need of it
+    (``baseline-phases``) while still up, before Gate 5; then it is released (``release-baseline``: the
+    baseline only) and each variant is deployed, measured and torn down (the variant only) in turn. No
+    later gate needs the baseline, so it is not redeployed; ``teardown`` still ends the sequence (it
+    passes with nothing to stop). An engine without variants keeps its baseline until ``teardown``.
+    """
+    eng = refs.input_param("engine")
+    common = {"engine": eng, "endpoint": refs.output("deploy", "endpoint")}
+    # One client for every engine (the bench image: NEEDS.image): `vllm bench serve`, on a pool node whose
     # NVMe cache holds the tokenizer (the model is never read over the network file system).
-    bench = {"image": BENCH_IMAGE, "node": profile.hardware.nodes[0].name if profile.hardware.nodes else None}
+    bench: dict[str, Any] = {"node": profile.hardware.nodes[0].name if profile.hardware.nodes else None}
+    # on the cluster, deploy exports what Gate 1 resolved per node (network's nccl_env, steps/cluster/fabric.py)
+    fabric = {"nccl_env": refs.input_param(NCCL_ENV_INPUT)} if cluster else {}
     tasks: list[Task] = [
-        Task("deploy", step="deploy", gate="gate2", args=("--engine", eng), outputs=("endpoint",),
-             timeout_s=max(e.startup_timeout_s for e in profile.engines.values()) + 600),
-        Task("smoke", step="smoke", gate="gate3", args=common, depends=_ok("deploy")),
+        Task("deploy", step="deploy", gate="gate2", args=gate_args("deploy", engine=eng, **fabric),
+             outputs=("endpoint",), timeout_s=max(e.startup_timeout_s for e in profile.engines.values()) + 600),
+        Task("smoke", step="smoke", gate="gate3", args=gate_args("smoke", **common), depends=_ok("deploy")),
     ]
     base_cases = [c for c in profile.bench.cases if c.requires_stable is None]
     gated_cases = [c for c in profile.bench.cases if c.requires_stable is not None]
     tasks.append(Task("perf", step="perf", gate="gate4", depends=_ok("smoke"), **bench,
-                      args=(*common, "--cases", ",".join(c.name for c in base_cases)),
+                      args=gate_args("perf", **common, cases=tuple(c.name for c in base_cases)),
                       outputs=tuple(f"unlock_{param_name(c.name)}" for c in gated_cases)))
     last = "perf"
     for c in gated_cases:
         name = f"perf-{c.name}"
         tasks.append(Task(name, step="perf", gate="gate4", depends=_ok(last, skipped=last != "perf"), **bench,
                           when=When.equals(refs.output("perf", f"unlock_{param_name(c.name)}"), True),
-                          args=(*common, "--cases", c.name)))
+                          args=gate_args("perf", **common, cases=(c.name,))))
         last = name
     # Confirm before alarm (docs/regression.md): while this engine is still up, the nightly's suspicion
     # is measured again on fresh rounds of the same requests; regress then labels only a confirmed one.
     tasks.append(Task("suspect", step="regress", gate="gate4", depends=_ok(last, skipped=last != "perf"),
-                      args=("--engine", eng, "--stage", "suspect"), outputs=("suspect", "suspect_cases")))
+                      args=gate_args("regress", engine=eng, stage="suspect"), outputs=("suspect", "suspect_cases")))
     tasks.append(Task("confirm", step="perf", gate="gate4", depends=_ok("suspect"), **bench,
                       when=When.equals(refs.output("suspect", "suspect"), "true"),
-                      args=(*common, "--cases", str(refs.output("suspect", "suspect_cases")),
-                            "--phase", "confirm", "--rounds", str(DEFAULT_RULE.confirm_rounds))))
+                      args=gate_args("perf", **common, cases=refs.output("suspect", "suspect_cases"),
+                                     phase="confirm", rounds=DEFAULT_RULE.confirm_rounds)))
     after_perf = _ok("confirm", skipped=True)      # Skipped: nothing suspected
+    needing = [v for v in profile.experiments if needs_baseline(v, profile)]
+    if needing:
+        tasks.append(Task(BASELINE_TASK, step="experiment-baseline", gate="gate6", depends=after_perf,
+                          when=_on_engines(needing), args=gate_args("experiment-baseline", **common), **bench))
+        after_perf = _ok(BASELINE_TASK, skipped=True)
     base_rungs = [r for r in profile.longctx.ladder if not r.requires_all_lower]
     gated_rungs = [r for r in profile.longctx.ladder if r.requires_all_lower]
     tasks.append(Task("longctx", step="longctx", gate="gate5", depends=after_perf,
-                      args=(*common, "--rungs", ",".join(str(r.tokens) for r in base_rungs)),
+                      args=gate_args("longctx", **common, **fabric, rungs=",".join(str(r.tokens) for r in base_rungs)),
                       outputs=("unlock_all_lower",)))
     last = "longctx"
     for r in gated_rungs:
         name = f"longctx-{r.tokens}"
         tasks.append(Task(name, step="longctx", gate="gate5", depends=_ok(last, skipped=last != "longctx"),
                           when=When.equals(refs.output("longctx", "unlock_all_lower"), True),
-                          args=(*common, "--rungs", str(r.tokens))))
+                          args=gate_args("longctx", **common, **fabric, rungs=str(r.tokens))))
         last = name
     prev_ok = _ok(last, skipped=last != "longctx")
-    # Gate 6: one variant per restart; the experiment step redeploys the variant itself.
+    if profile.experiments:
+        # Gate 6: the baseline's GPUs (and host ports) are given back before any variant asks for them
+        tasks.append(Task(RELEASE_TASK, step="teardown", gate="gate6", depends=prev_ok,
+                          when=_on_engines(profile.experiments), args=gate_args("teardown", engine=eng)))
+        prev_ok = _ok(RELEASE_TASK, skipped=True)
+    # one variant at a time: the experiment step deploys it, measures it and tears it down itself
     for v in profile.experiments:
         name = f"exp-{v.name}"
         when = When.equals(refs.input_param("engine"), v.engine) if v.engine is not None else None
         tasks.append(Task(name, step="experiment", gate="gate6", depends=prev_ok, when=when, **bench,
-                          args=("--engine", eng, "--variant", v.name, "--baseline-endpoint", endpoint)))
+                          args=gate_args("experiment", engine=eng, variant=v.name, **fabric)))
         prev_ok = _ok(name, skipped=True)
-    tasks.append(Task("teardown", step="teardown", gate="gate2", depends=prev_ok, args=("--engine", eng)))
-    return Dag(ENGINE_SEQUENCE, tuple(tasks), inputs=("engine",))
+    tasks.append(Task("teardown", step="teardown", gate="gate2", depends=prev_ok,
+                      args=gate_args("teardown", engine=eng)))
+    return Dag(ENGINE_SEQUENCE, tuple(tasks), inputs=("engine", NCCL_ENV_INPUT) if cluster else ("engine",))
 
 
 def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
@@ -284,51 +419,73 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
     tasks: list[Task] = []
     pre_names: list[str] = []
 
+    params = _parameters(profile)
+    # first of all, no GPU, no model cache: every parameter given is declared and allowed (steps/gates/params.py);
+    # every other task depends on it, so a bad value fails the workflow before anything is requested
+    # on Argo run-dir is no template parameter (render: /runs/{{workflow.uid}}), so giving it is refused
+    declared = {k: v for k, v in params.items() if not (cluster and k == "run-dir")}
+    tasks.append(Task(PARAMS_TASK, step="params", gate="gate0",
+                      args=gate_args("params", given=ALL_PARAMETERS, allowed=tuple(
+                          f"{k}={('list-of:' if k == 'engines' else 'one-of:') + '|'.join(v[1]) if v[1] else PARAMETER_RULES[k]}"
+                          for k, v in declared.items()))))
+    first = _ok(PARAMS_TASK)
     if cluster:
         for i, node in enumerate(nodes):
             pw = f"prewarm-{i}"
-            tasks.append(Task(pw, step="prewarm", gate="gate0", node=node,
+            tasks.append(Task(pw, step="prewarm", gate="gate0", node=node, depends=first,
                               when=When.equals(refs.parameter("prewarm"), True)))
-            pf = f"preflight-{i}"
+            pf = preflight_task(i)
             tasks.append(Task(pf, step="preflight", gate="gate0", node=node, depends=_ok(pw, skipped=True)))
             pre_names.append(pf)
     else:
-        tasks.append(Task("prewarm", step="prewarm", gate="gate0"))
-        tasks.append(Task("preflight", step="preflight", gate="gate0", depends=_ok("prewarm")))
-        pre_names.append("preflight")
+        tasks.append(Task("prewarm", step="prewarm", gate="gate0", depends=first))
+        tasks.append(Task(preflight_task(), step="preflight", gate="gate0", depends=_ok("prewarm")))
+        pre_names.append(preflight_task())
     join = pre_names
     if cluster:
         tasks.append(Task("preflight-compare", step="preflight-compare", gate="gate0",
-                          depends=_ok(*pre_names), args=("--inputs", *(f"{RUN_DIR}/{p}" for p in pre_names))))
+                          depends=_ok(*pre_names), args=gate_args("preflight-compare", inputs=tuple(
+                              str(RunLayout(PurePosixPath(RUN_DIR)).task_dir(p)) for p in pre_names))))
         join = ["preflight-compare"]
     for engine in profile.engine_order():
-        tasks.append(Task(f"engine-check-{engine}", step="engine-check", gate="gate0", image=profile.engines[engine].image,
-                          args=("--engine", engine), depends=_ok(*join), when=engines_is[engine]))
+        tasks.append(Task(f"engine-check-{engine}", step="engine-check", gate="gate0",
+                          args=gate_args("engine-check", engine=engine), depends=_ok(*join), when=engines_is[engine]))
     checks = [f"engine-check-{e}" for e in profile.engine_order()]
     gate1: list[str] = []
     if cluster:
         for i, node in enumerate(nodes):
             t = f"nodes-{i}"
             tasks.append(Task(t, step="nodes", gate="gate1", node=node, depends=_ok(*checks, skipped=True),
-                              args=("--node", node),
-                              image=BENCH_IMAGE, host_network=True))
+                              args=gate_args("nodes", node=node), outputs=("socket_ifname", "nccl_env")))
             gate1.append(t)
-        tasks.append(Task("network", step="network", gate="gate1", depends=_ok(*gate1)))
+        # each node's resolved NCCL/GLOO env (steps/cluster/fabric.py) in, the set of them out to every deploy
+        tasks.append(Task("network", step="network", gate="gate1", depends=_ok(*gate1), outputs=("nccl_env",),
+                          args=gate_args("network", nccl_env=tuple(f"{node}={refs.output(f'nodes-{i}', 'nccl_env')}"
+                                                                   for i, node in enumerate(nodes)))))
         gate1 = ["network"]
     prev = gate1 or checks
     prev_skippable = not gate1
     for engine in profile.engine_order():
-        tasks.append(Task(engine, dag=ENGINE_SEQUENCE, gate="gate7" if profile.engines[engine].role != "baseline"
-                          else "gate2-6", inputs={"engine": engine}, depends=_ok(*prev, skipped=prev_skippable),
+        tasks.append(Task(engine, dag=ENGINE_SEQUENCE, gate="gate7" if profile.engine(engine).role != "baseline"
+                          else "gate2-6", depends=_ok(*prev, skipped=prev_skippable),
+                          inputs={"engine": engine, **({NCCL_ENV_INPUT: str(refs.output("network", "nccl_env"))}
+                                                       if cluster else {})},
                           when=engines_is[engine]))
         prev, prev_skippable = [engine], True
     tasks.append(Task("regress", step="regress", gate="report", depends=_ok(*prev, skipped=True)))
     # the leaf Argo judges the workflow by: it fails (after writing the report) when regress did not pass
     tasks.append(Task("report", step="report", gate="report", depends=(Need("regress", SUCCEEDED_OR_FAILED),),
-                      args=("--regress-verdict", str(refs.output("regress", "verdict")))))
-    exit_handler = Task("cleanup", step="cleanup", gate="exit",
-                        args=("--workflow-status", str(refs.workflow("status")),
-                              "--failures", str(refs.workflow("failures"))))
+                      args=gate_args("report", regress_verdict=refs.output("regress", "verdict"))))
+    exit_handler = Task(CLEANUP_TASK, step="cleanup", gate="exit",
+                        args=gate_args("cleanup", workflow_status=refs.workflow("status"),
+                                       failures=refs.workflow("failures")))
+    return _with_timeouts(profile, Graph(profile.name, Dag("main", tuple(tasks)), (_engine_sequence(profile, cluster),),
+                                         exit_handler, params))
+
+
+def _parameters(profile: Profile) -> dict[str, tuple[str, tuple[str, ...] | None, str]]:
+    """The workflow's parameters: name -> (default, enum, description); one without an enum has a
+    PARAMETER_RULES entry (the params step checks every value given against one or the other)."""
     params = {
         "engines": ("both" if len(profile.engines) > 1 else profile.baseline_engine,
                     ("both", *profile.engine_order()) if len(profile.engines) > 1 else (profile.baseline_engine,),
@@ -338,4 +495,28 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
         "results-uri": (profile.results_uri, None, "results store (pyarrow filesystem URI)"),
         "retry-backoff": ("30s", None, "first wait before Argo retries a step that exited 75 (then x2 per retry)"),
     }
-    return Graph(profile.name, Dag("main", tuple(tasks)), (_engine_sequence(profile),), exit_handler, params)
+    missing = sorted(k for k, v in params.items() if not v[1] and k not in PARAMETER_RULES)
+    if missing:
+        raise ValueError(f"parameters {missing}: neither an enum nor a PARAMETER_RULES entry")
+    return params
+
+
+def _with_timeouts(profile: Profile, graph: Graph) -> Graph:
+    """The profile's ``timeouts_s`` (task name -> seconds) set on every task of that name; UsageError for a
+    name no task has."""
+    names = {t.name for d in graph.dags for t in d.tasks if t.step} | {graph.exit_handler.name}
+    unknown = sorted(set(profile.timeouts_s) - names)
+    if unknown:
+        raise UsageError(f"profile {profile.name}: timeouts_s names {', '.join(unknown)}, no task of its graph "
+                         f"(tasks: {', '.join(sorted(names))})")
+    if not profile.timeouts_s:
+        return graph
+
+    def timed(t: Task) -> Task:
+        return replace(t, timeout_s=profile.timeouts_s.get(t.name, t.timeout_s))
+
+    def dag(d: Dag) -> Dag:
+        return Dag(d.name, tuple(timed(t) for t in d.tasks), d.inputs)
+
+    return replace(graph, main=dag(graph.main), sequences=tuple(dag(d) for d in graph.sequences),
+                   exit_handler=timed(graph.exit_handler))

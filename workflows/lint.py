@@ -18,15 +18,18 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
 
 import yaml
 
 from gauntlet.workflows import refs
 from gauntlet.workflows.conditions import ExpressionError, check_when, depends_tasks
 
-__all__ = ["Finding", "lint_documents", "lint_paths", "lint_profile", "print_findings", "schema_path",
+if TYPE_CHECKING:
+    from gauntlet.params.models import Profile
+
+__all__ = ["Finding", "lint_documents", "lint_paths", "lint_profile", "profile_rules", "print_findings", "schema_path",
            "K8S_VERSION"]
 
 K8S_VERSION = "1.33.0"
@@ -40,7 +43,8 @@ _TASK_NAME = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]*$")
 _ZERO_DIGEST = re.compile(r"@sha256:0{64}$")          # a placeholder, never an image
 _GLOBAL_VARS = {"workflow.uid", "workflow.name", "workflow.namespace", "workflow.status", "workflow.failures",
                 "workflow.serviceAccountName", "workflow.creationTimestamp", "workflow.duration",
-                "workflow.mainEntrypoint", "workflow.priority", "workflow.scheduledTime"}
+                "workflow.mainEntrypoint", "workflow.priority", "workflow.scheduledTime",
+                "workflow.parameters.json"}
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ def _patch(node: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=2)
-def _validator(path: str):
+def _validator(path: str) -> dict[str, Any]:   # kind -> its jsonschema validator
     import jsonschema
     schema = json.loads(Path(path).read_text())
     defs = _patch(copy.deepcopy(schema["definitions"]))
@@ -273,7 +277,7 @@ def _ancestors(tn: str, task_by: dict[str, Any]) -> set[str]:
     return seen
 
 
-def _walk_strings(node: Any, path: str):
+def _walk_strings(node: Any, path: str) -> Iterator[tuple[str, str]]:
     if isinstance(node, str):
         yield path, node
     elif isinstance(node, dict):
@@ -386,7 +390,7 @@ def lint_paths(paths: Iterable[Path]) -> list[Finding]:
     return findings + lint_documents(named)
 
 
-def lint_profile(profile) -> list[Finding]:
+def lint_profile(profile: Profile) -> list[Finding]:
     """Render the profile in memory and lint what it renders."""
     from gauntlet.workflows.render import render_documents
     if profile.hardware.kind != "kubernetes":
@@ -395,7 +399,25 @@ def lint_profile(profile) -> list[Finding]:
     for fname, doc in render_documents(profile).items():
         for d in doc if isinstance(doc, list) else [doc]:
             named.append((fname, d))
-    return lint_documents(named)
+    return lint_documents(named) + profile_rules(profile, named)
+
+
+def profile_rules(profile: Profile, named: list[tuple[str, Any]]) -> list[Finding]:
+    """What needs the profile beside its rendered documents: the runs volume's access mode, and that every
+    pool pod of the WorkflowTemplate is pinned to the pool with its tolerations (workflows/placement_lint.py)."""
+    from gauntlet.workflows.placement_lint import placement_problems, runs_volume_problems
+    if profile.hardware.kind != "kubernetes":
+        return []
+    from gauntlet.steps.gates.network import rdma_access_problems
+    found = [Finding(f"profile {profile.name}", *p) for p in runs_volume_problems(profile)]
+    # an RDMA profile whose NCCL pods (engine, probe) would see /sys/class/infiniband but open no verbs device
+    found += [Finding(f"profile {profile.name}", "hardware.fabric", "rdma-device", msg)
+              for msg in rdma_access_problems(profile)]
+    for name, doc in named:
+        if isinstance(doc, dict) and doc.get("kind") == "WorkflowTemplate":
+            label = f"{name}:WorkflowTemplate/{(doc.get('metadata') or {}).get('name', '?')}"
+            found += [Finding(label, *p) for p in placement_problems(profile, doc)]
+    return found
 
 
 def print_findings(findings: list[Finding]) -> int:

@@ -7,7 +7,7 @@ evaluated from the graph's structures (:meth:`~gauntlet.workflows.graph.Need.met
 ``Omitted`` when a need is not met, ``Skipped`` when its when is false, ``Failed`` when the step exits
 non-zero, else ``Succeeded``; an engine sequence (a DAG call) fails when one of
 its tasks fails. The exit handler always runs, also on Ctrl-C, and then
-:meth:`gauntlet.steps.backends.Backend.stop_all` guarantees no engine outlives the run.
+:meth:`gauntlet.steps.backends.protocol.RunnerGuard.stop_all` guarantees no engine outlives the run.
 """
 
 from __future__ import annotations
@@ -22,26 +22,23 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn, TextIO
 
 from gauntlet.params import Profile
-from gauntlet.steps import STEPS
-from gauntlet.contract import EXIT_TRANSIENT, now_iso, write_json_atomic
+from gauntlet.steps import STEPS, needs_of
+from gauntlet.contract import EXIT_TRANSIENT, CorruptVerdict, Verdict, now_iso, write_json_atomic
+from gauntlet.contract.layout import RunLayout, output_path, verdict_path
 from gauntlet.workflows import refs
-from gauntlet.workflows.graph import (ENGINE_SEQUENCE, RETRY_LIMIT, ConditionError, Dag, Graph, Task,
-                                      build_graph)
+from gauntlet.workflows.graph import (ALL_PARAMETERS, DEFAULT_TIMEOUT_S, ENGINE_SEQUENCE, ConditionError, Dag, Graph,
+                                      RetryPolicy, Task, build_graph, dag_engine, output_default, retry_policy)
 from gauntlet.workflows.phase import dag_phase
 
-__all__ = ["run_local", "Runner", "TaskResult", "output_default", "write_summary"]
+__all__ = ["run_local", "Runner", "TaskResult", "write_summary"]
 
 HEARTBEAT_S = 30.0
-DEFAULT_TIMEOUT_S = 4 * 3600          # the Argo containers' activeDeadlineSeconds default
 INTERRUPT_GRACE_S = 60.0              # a step gets this long to release what it holds after SIGINT
-
-
-def output_default(name: str) -> str:
-    """What Argo's valueFrom default gives when a step wrote no such output (workflows/render.py)."""
-    return "error" if name == "verdict" else "false" if name.startswith("unlock") else ""
 
 
 @dataclass
@@ -61,6 +58,7 @@ class TaskResult:
     skipped_checks: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     attempts: list[int] = field(default_factory=list)   # exit code of each attempt (Argo retries exit 75)
+    retried: bool = False                               # it has a retry policy: Argo gives it a Retry node
 
 
 class Interrupted(Exception):
@@ -72,9 +70,10 @@ class Runner:
 
     def __init__(self, graph: Graph, profile_file: Path, run_dir: Path, parameters: dict[str, str], *,
                  python: str = sys.executable, cli: str = "gauntlet.workflows.cli", steps: dict[str, str] | None = None,
-                 gates: set[str] | None = None, stream=sys.stdout, cwd: Path | None = None,
+                 gates: set[str] | None = None, stream: TextIO = sys.stdout, cwd: Path | None = None,
                  env: dict[str, str] | None = None):
         self.graph, self.profile_file, self.run_dir = graph, profile_file, run_dir
+        self.layout = RunLayout(run_dir)
         self.params = parameters
         self.python, self.cli, self.steps, self.gates, self.stream = python, cli, steps or STEPS, gates, stream
         self.cwd, self.env = cwd, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -91,18 +90,19 @@ class Runner:
 
     # ----------------------------------------------------------- references
 
-    def _lookup(self, scope: dict[str, Any]):
+    def _lookup(self, scope: dict[str, Any]) -> Callable[[refs.Ref], str | None]:
         def get(ref: refs.Ref) -> str | None:
+            if ref == ALL_PARAMETERS:       # as Argo's {{workflow.parameters.json}}: every one given
+                return json.dumps([{"name": k, "value": v} for k, v in self.params.items()])
             if ref.kind == "parameter":
                 return self.params.get(ref.name)
-            if ref.kind == "workflow":
-                return scope["workflow"].get(ref.name)
-            if ref.kind == "input":
-                return scope["inputs"].get(ref.name)
+            if ref.kind in ("workflow", "input"):
+                values: dict[str, str] = scope["workflow" if ref.kind == "workflow" else "inputs"]
+                return values.get(ref.name)
             out = scope["outs"].get(ref.task)
             if out is None:
                 return None
-            f = Path(out) / "outputs" / ref.name
+            f = output_path(Path(out), ref.name)
             return f.read_text().strip() if f.is_file() else output_default(ref.name)
         return get
 
@@ -112,37 +112,37 @@ class Runner:
         """Walk the main DAG, then the exit handler. Returns the workflow status."""
         try:
             with _sigterm_as_interrupt():
-                phase = self._walk(self.graph.main, prefix="", inputs={})
+                phase = self._walk(self.graph.main, engine=None, inputs={})
         except (KeyboardInterrupt, Interrupted):
             self.interrupted = True
             self.say("interrupted: stopping; the exit handler still runs")
-            self._mark_unreached(self.graph.main, "")
+            self._mark_unreached(self.graph.main, None)
         # Argo: a stopped workflow fails; otherwise the main DAG's phase, judged by its leaves
         status = "Failed" if self.interrupted else phase
         self._exit_handler(status)
         return status
 
-    def _walk(self, dag: Dag, prefix: str, inputs: dict[str, str]) -> str:
+    def _walk(self, dag: Dag, engine: str | None, inputs: dict[str, str]) -> str:
+        """Run ``dag``'s tasks; ``engine``: the engine directory its tasks write under (None: the run's root)."""
         phases: dict[str, str] = {}
         outs: dict[str, str] = {}
         for task in dag.tasks:
             scope = {"inputs": inputs, "outs": outs, "workflow": self._workflow_vars()}
-            res = self._decide(task, prefix, phases, scope)
+            res = self._decide(task, engine, phases, scope)
             if res is None:                              # it runs
                 if task.dag:
                     sub = self.graph.dag(task.dag)
                     sub_inputs = {k: refs.substitute(v, self._lookup(scope)) for k, v in task.inputs.items()}
-                    seg = sub_inputs.get("engine", task.name) if sub.name == ENGINE_SEQUENCE else task.name
                     self.say(f"{task.gate} {task.name}: start ({', '.join(f'{k}={v}' for k, v in sub_inputs.items())})")
                     t = time.monotonic()
-                    phase = self._walk(sub, prefix=f"{prefix}{seg}/", inputs=sub_inputs)
-                    res = TaskResult(f"{prefix}{task.name}", task.name, task.gate, None, phase,
+                    phase = self._walk(sub, engine=dag_engine(sub.name, sub_inputs), inputs=sub_inputs)
+                    res = TaskResult(self.layout.task_path(task.name, engine), task.name, task.gate, None, phase,
                                      duration_s=round(time.monotonic() - t, 2),
                                      reason="" if phase == "Succeeded" else "a task of the sequence failed")
                     self.results.append(res)
                     self.say(f"{task.gate} {task.name}: {phase.upper()} ({res.duration_s:.1f}s)")
                 else:
-                    res = self._run_task(task, prefix, scope)
+                    res = self._run_task(task, engine, scope)
             phases[task.name] = res.phase
             if res.out:
                 outs[task.name] = res.out
@@ -151,25 +151,29 @@ class Runner:
         # Argo judges a DAG by its leaf tasks, not by whether any task failed (workflows/phase.py)
         return dag_phase({t.name: t.upstream for t in dag.tasks}, phases)
 
-    def _mark_unreached(self, dag: Dag, prefix: str) -> None:
+    def _mark_unreached(self, dag: Dag, engine: str | None) -> None:
         """After an interrupt: every task the walk never reached shows as Omitted, with why."""
         done = {r.path for r in self.results}
         for t in dag.tasks:
             if t.dag:
                 sub = self.graph.dag(t.dag)
-                seg = t.inputs.get("engine", t.name) if sub.name == ENGINE_SEQUENCE else t.name
-                if any(p.startswith(f"{prefix}{seg}/") for p in done):
-                    self._mark_unreached(sub, f"{prefix}{seg}/")
-            if f"{prefix}{t.name}" not in done:
-                self.results.append(TaskResult(f"{prefix}{t.name}", t.name, t.gate, t.step, "Omitted",
+                sub_engine = dag_engine(sub.name, t.inputs)
+                if any(self.layout.task_path(s.name, sub_engine) in done for s in sub.tasks):
+                    self._mark_unreached(sub, sub_engine)
+            path = self.layout.task_path(t.name, engine)
+            if path not in done:
+                self.results.append(TaskResult(path, t.name, t.gate, t.step, "Omitted",
                                                "not reached: the run was interrupted"))
 
-    def _decide(self, task: Task, prefix: str, phases: dict[str, str], scope: dict[str, Any]) -> TaskResult | None:
+    def _decide(self, task: Task, engine: str | None, phases: dict[str, str],
+                scope: dict[str, Any]) -> TaskResult | None:
         """A result for a task that does not run (Skipped/Omitted), or None when it runs."""
+        path = self.layout.task_path(task.name, engine)
+
         def skip(phase: str, reason: str) -> TaskResult:
-            r = TaskResult(f"{prefix}{task.name}", task.name, task.gate, task.step, phase, reason)
+            r = TaskResult(path, task.name, task.gate, task.step, phase, reason)
             self.results.append(r)
-            self.say(f"{task.gate} {prefix}{task.name}: {phase.lower()} ({reason})")
+            self.say(f"{task.gate} {path}: {phase.lower()} ({reason})")
             return r
 
         unmet = [n for n in task.depends if not n.met(phases)]
@@ -194,12 +198,12 @@ class Runner:
 
     def _command(self, task: Task, out: Path, scope: dict[str, Any]) -> list[str]:
         args = [refs.substitute(a, self._lookup(scope)) for a in task.args]
-        return [self.python, "-m", self.cli, "step", task.step, "--profile", str(self.profile_file),
+        return [self.python, "-m", self.cli, "step", task.step_name(), "--profile", str(self.profile_file),
                 "--out", str(out), *args]
 
-    def _run_task(self, task: Task, prefix: str, scope: dict[str, Any]) -> TaskResult:
-        path = f"{prefix}{task.name}"
-        out = self.run_dir / path
+    def _run_task(self, task: Task, engine: str | None, scope: dict[str, Any]) -> TaskResult:
+        path = self.layout.task_path(task.name, engine)
+        out = Path(self.layout.task_dir(task.name, engine))
         res = TaskResult(path, task.name, task.gate, task.step, "Failed", out=str(out))
         self.results.append(res)
         try:
@@ -218,16 +222,19 @@ class Runner:
         out.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
         try:
-            # Argo's retryStrategy, as rendered: only exit 75 is retried, RETRY_LIMIT times, after a backoff
-            for attempt in range(RETRY_LIMIT + 1):
+            # Argo's retryStrategy, as rendered (graph.retry_policy): only exit 75 is retried, after a backoff
+            policy = retry_policy(task, needs_of(importlib.import_module(module)))
+            res.retried = policy is not None
+            limit = policy.limit if policy is not None else 0
+            for attempt in range(limit + 1):
                 log = out / ("step.log" if attempt == 0 else f"step.{attempt}.log")
                 res.exit_code = self._spawn(res.command, log, task.timeout_s or DEFAULT_TIMEOUT_S, path)
                 res.attempts.append(res.exit_code)
-                if res.exit_code != EXIT_TRANSIENT or attempt == RETRY_LIMIT:
+                if res.exit_code != EXIT_TRANSIENT or policy is None or attempt == limit:
                     break
-                wait = self._backoff_s(attempt)
+                wait = self._backoff_s(attempt, policy)
                 self.say(f"{task.gate} {path}: exit {EXIT_TRANSIENT} (transient), retry {attempt + 1}/"
-                         f"{RETRY_LIMIT} in {wait:.0f}s")
+                         f"{limit} in {wait:.0f}s")
                 time.sleep(wait)
         except BaseException:
             res.reason = "interrupted (Ctrl-C or SIGTERM); the step was stopped"
@@ -245,9 +252,11 @@ class Runner:
                  + (f" - {res.reason}" if res.reason else ""))
         return res
 
-    def _backoff_s(self, attempt: int) -> float:
-        """Argo's backoff before retry ``attempt + 1``: duration * factor**attempt (factor 2)."""
-        return _duration_s(self.params.get("retry-backoff") or "30s") * 2 ** attempt
+    def _backoff_s(self, attempt: int, policy: RetryPolicy) -> float:
+        """Argo's backoff before retry ``attempt + 1``: duration * factor**attempt, the duration's parameter
+        reference (if any) filled from the run's parameters, as Argo substitutes it."""
+        base = refs.replace(policy.backoff, lambda r: (self.params.get(r.name) or "30s") if r.kind == "parameter" else None)
+        return _duration_s(base) * float(policy.factor) ** attempt
 
     def _spawn(self, cmd: list[str], log: Path, timeout_s: float, label: str) -> int:
         """Run one step; Ctrl-C reaches it (same process group), the runner waits for it to clean up."""
@@ -282,7 +291,7 @@ class Runner:
         # Ctrl-C again must not cut the cleanup short: ignore it in the runner while cleanup runs
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            self._run_task(task, "", scope)
+            self._run_task(task, None, scope)
         except BaseException as exc:  # noqa: BLE001 - the engine guarantee below must still run
             self.say(f"exit handler: {type(exc).__name__}: {exc}")
         finally:
@@ -303,7 +312,7 @@ def argo_failures(results: list[TaskResult], workflow: str, status: str) -> str:
                       "podName": "", "finishedAt": now_iso()})
 
     for r in results:
-        if r.step:
+        if r.step and r.retried:         # without a retryStrategy the pod node is the step's node
             for i, code in enumerate(r.attempts):
                 if code != 0:
                     node(f"{r.name}({i})", r.step, f"exit code {code}")
@@ -330,7 +339,7 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _stop_child(proc: subprocess.Popen) -> None:
+def _stop_child(proc: subprocess.Popen[Any]) -> None:
     """The step got Ctrl-C with us (same process group) or gets SIGINT now; SIGKILL is the last resort."""
     try:
         proc.wait(timeout=5)          # a terminal Ctrl-C reached it already: let it unwind undisturbed
@@ -350,34 +359,34 @@ class _sigterm_as_interrupt:
     """SIGTERM to the runner behaves like Ctrl-C: stop the current gate, run the exit handler. SIGINT is
     installed too: a runner started in the background by a non-interactive shell inherits it ignored."""
 
-    def __enter__(self):
-        def handler(signum, frame):
+    def __enter__(self) -> _sigterm_as_interrupt:
+        def handler(signum: int, frame: FrameType | None) -> NoReturn:
             raise KeyboardInterrupt(f"signal {signum}")
+        self.prev: dict[signal.Signals, Any] | None
         try:
             self.prev = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
         except ValueError:
             self.prev = None
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for sig, old in (self.prev or {}).items():
             signal.signal(sig, old)
 
 
 def _read_verdict(out: Path) -> tuple[str | None, list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
-    """(status, failing checks, skipped checks, counts by status) of a step's verdict.json."""
+    """(status, failing checks, skipped checks, counts by status) of a step's verdict.json; (None, ...) when the
+    step left none that reads as a verdict (the contract's reader)."""
     try:
-        v = json.loads((out / "verdict.json").read_text())
-    except (OSError, ValueError):
+        v = Verdict.read(out)
+    except CorruptVerdict:
         return None, [], [], {}
-    checks = v.get("checks", [])
-    pick = ("name", "status", "expected", "observed", "detail")
-    bad = [{k: c.get(k) for k in pick} for c in checks if c.get("status") in ("fail", "error")]
-    skipped = [{k: c.get(k) for k in pick} for c in checks if c.get("status") == "skip"]
+    bad = [asdict(c) for c in v.failed_checks()]
+    skipped = [asdict(c) for c in v.checks if c.status == "skip"]
     counts: dict[str, int] = {}
-    for c in checks:
-        counts[c.get("status", "?")] = counts.get(c.get("status", "?"), 0) + 1
-    return v.get("status"), bad, skipped, counts
+    for c in v.checks:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    return v.status, bad, skipped, counts
 
 
 def _failure_reason(res: TaskResult, log: Path) -> str:
@@ -414,7 +423,8 @@ def write_summary(run_dir: Path, meta: dict[str, Any], results: list[TaskResult]
     if failed:
         lines += ["", "## Failing checks", ""]
         for r in failed:
-            lines.append(f"### `{r.path}` ({r.out}/verdict.json)")
+            where = f" ({verdict_path(Path(r.out))})" if r.out else ""
+            lines.append(f"### `{r.path}`{where}")
             for c in r.failed_checks:
                 lines.append(f"- **{c['name']}** ({c['status']}): {c['detail']} - expected `{c['expected']}`, "
                              f"observed `{c['observed']}`")
@@ -435,13 +445,14 @@ def write_summary(run_dir: Path, meta: dict[str, Any], results: list[TaskResult]
 def _startups(run_dir: Path) -> dict[str, float]:
     """{deploy path: start-up seconds} of every engine the run started (Gate 2 and Gate 6 deploys)."""
     out = {}
-    for f in sorted(run_dir.glob("**/deploy/verdict.json")):
+    layout = RunLayout(run_dir)
+    for f in layout.verdict_files("deploy"):
         try:
-            s = json.loads(f.read_text()).get("metrics", {}).get("startup_s")
-        except (OSError, ValueError):
+            s = Verdict.read(f).metrics.get("startup_s")
+        except CorruptVerdict:
             continue
         if isinstance(s, (int, float)):
-            out[str(f.parent.relative_to(run_dir))] = s
+            out[layout.relative(f)] = s
     return out
 
 
@@ -453,8 +464,10 @@ def run_local(profile: Profile, profile_file: Path, *, runs_dir: Path = Path("ru
               engines: str | None = None, gates: set[str] | None = None, **runner_overrides: Any) -> int:
     """`gauntlet run`: the whole graph for ``profile`` (read from ``profile_file``, which every step is
     given) on this machine; 0 when no gate failed. ``runner_overrides`` go to :class:`Runner`."""
-    from gauntlet.steps.backends import BACKENDS
+    from gauntlet.steps.backends import BACKENDS, require
+    from gauntlet.steps.backends.protocol import RunnerGuard
     local = BACKENDS["local"]
+    guard = require(local, RunnerGuard, "gauntlet run")
 
     graph = build_graph(profile, "local")
     run_id = run_id or _run_id()
@@ -472,10 +485,10 @@ def run_local(profile: Profile, profile_file: Path, *, runs_dir: Path = Path("ru
     _, swept = local.janitor(run_dir / ".janitor", runs_dir=run_dir.parent, exclude=run_dir)
     for name, what in swept["released"].items():
         runner.say(f"janitor: run {name}'s runner is gone; stopped its engines {what['stopped']}")
-    local.mark_runner(run_dir)
+    guard.mark_runner(run_dir)
     status = runner.run()
-    stopped = local.stop_all(run_dir)
-    local.clear_runner(run_dir)
+    stopped = guard.stop_all(run_dir)
+    guard.clear_runner(run_dir)
     if stopped:
         runner.say(f"stopped {len(stopped)} engine group(s) the gates left running: {stopped}")
     wall = time.monotonic() - runner.t0

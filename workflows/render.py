@@ -21,11 +21,11 @@ wait container fails to save it and the node ends in Error.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
-from hera.workflows import (DAG, Artifact, Container, CronWorkflow, Parameter, RetryStrategy, Task,
+from hera.workflows import (DAG, Artifact, Container, CronWorkflow, Parameter, RetryStrategy, Task, UserContainer,
                             WorkflowTemplate)
 from hera.workflows import models as m
 
@@ -34,21 +34,28 @@ from gauntlet.params import load_images
 from gauntlet.params.loader import ImageRef
 from gauntlet.params.models import Profile
 from gauntlet.contract import EXIT_TRANSIENT, UsageError
+from gauntlet.contract.layout import RunLayout, output_path
+from gauntlet.steps.backends.kubernetes import RUN_LABEL
 from gauntlet.workflows import refs
-from gauntlet.workflows.graph import ENGINE_SEQUENCE, Dag, Graph, Need, When, build_graph
+from gauntlet.workflows.graph import (DEFAULT_TIMEOUT_S, Dag, Graph, Need, RetryPolicy, When, build_graph, dag_engine,
+                                      output_default, retry_policy)
 from gauntlet.workflows.graph import Task as GTask
+from gauntlet.workflows.graph import image_key
 
 __all__ = ["render_documents", "render_profile", "template_name", "cron_name", "janitor_name", "RenderError",
            "argo_depends", "argo_when",
            "RUN_LABEL", "PROFILE_DIR", "JANITOR_SCHEDULE", "JANITOR_GRACE"]
 
-RUN_LABEL = "gauntlet.dev/run"
 ARGO_RUN_DIR = f"/runs/{refs.workflow('uid')}"
+ARGO_LAYOUT = RunLayout(PurePosixPath(ARGO_RUN_DIR))
 CODE_DIR = "/opt/gauntlet"          # where the step image keeps the project (app/ + deps/)
 PROFILE_DIR = "/etc/gauntlet/profile"   # the rendered profile's ConfigMap, in every step pod
 IMAGES_KEY = "images.yaml"              # the pinned image list beside it ($GAUNTLET_IMAGES)
 JANITOR_SCHEDULE = "*/5 * * * *"
 JANITOR_GRACE = "10m"
+CONFIGMAP_MAX_BYTES = 1 << 20           # Kubernetes refuses a ConfigMap whose data is over 1 MiB
+NAME_MAX = {"CronWorkflow": 52, "WorkflowTemplate": 63, "ConfigMap": 253}   # Argo's and Kubernetes' limits
+HOSTNAME = "kubernetes.io/hostname"
 
 
 class RenderError(UsageError):
@@ -72,9 +79,7 @@ def profile_configmap_name(profile: Profile) -> str:
 
 
 def _out_dir(dag: Dag, task: GTask) -> str:
-    if dag.name == ENGINE_SEQUENCE:
-        return f"{ARGO_RUN_DIR}/{refs.input_param('engine')}/{task.name}"
-    return f"{ARGO_RUN_DIR}/{task.name}"
+    return str(ARGO_LAYOUT.task_dir(task.name, dag_engine(dag.name, {i: str(refs.input_param(i)) for i in dag.inputs})))
 
 
 def _localize(text: str, inputs: dict[str, str]) -> str:
@@ -94,9 +99,10 @@ def _localize(text: str, inputs: dict[str, str]) -> str:
     return refs.replace(text, sub)
 
 
-def _step_image(images: dict[str, ImageRef], task: GTask, dag_inputs: dict[str, str]) -> tuple[str, bool]:
-    """(image, in_engine_image): an engine image runs the project's code copied in by an init container."""
-    ref = images[task.image]
+def _step_image(profile: Profile, images: dict[str, ImageRef], task: GTask) -> tuple[str, bool]:
+    """(image, in_engine_image), from the gate's NEEDS.image (graph.image_key): an engine image runs the
+    project's code copied in by an init container."""
+    ref = images[image_key(profile, task)]
     return ref.ref, ref.engine is not None
 
 
@@ -120,7 +126,7 @@ def _mounts(profile: Profile, task: GTask) -> list[m.VolumeMount]:
     mdl = profile.model
     mounts = [m.VolumeMount(name="runs", mount_path="/runs"),
               m.VolumeMount(name="profile", mount_path=PROFILE_DIR, read_only=True)]
-    needs = needs_of(task.step)
+    needs = needs_of(task.step_name())
     if needs.model_cache == "read":
         mounts.append(m.VolumeMount(name="model-cache", mount_path=mdl.mount_path, read_only=True))
     if needs.model_cache == "write":
@@ -133,14 +139,53 @@ def _mounts(profile: Profile, task: GTask) -> list[m.VolumeMount]:
 def _resources(profile: Profile, task: GTask) -> m.ResourceRequirements:
     req: dict[str, Any] = {"cpu": "1", "memory": "2Gi"}
     lim: dict[str, Any] = {"memory": "8Gi"}
-    if needs_of(task.step).size == "large":
+    if needs_of(task.step_name()).size == "large":
         req, lim = {"cpu": "2", "memory": "2Gi"}, {"memory": "16Gi"}
-    if needs_of(task.step).node_gpus:
+    if needs_of(task.step_name()).node_gpus:
         gpus = str(profile.hardware.gpus_per_node)
         req = {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": gpus}
         lim = {"memory": "256Gi", "nvidia.com/gpu": gpus}
     return m.ResourceRequirements(requests={k: m.Quantity(v) for k, v in req.items()},
                                   limits={k: m.Quantity(v) for k, v in lim.items()})
+
+
+def on_pool(task: GTask) -> bool:
+    """Whether the task's pod belongs on the pool: it mounts the nodes' model cache, takes a node's GPUs or
+    is pinned to one node. Such a pod is pinned to the pool and carries its tolerations; no other pod is."""
+    needs = needs_of(task.step_name())
+    return needs.model_cache is not None or needs.node_gpus or needs.per_node or task.node is not None
+
+
+def _placement(profile: Profile, task: GTask) -> dict[str, Any]:
+    """A pool pod's node affinity (its own node, else any of the profile's), tolerations and priority class.
+
+    Its deadline must count the time it waits Pending: a pod's activeDeadlineSeconds runs from the pod's
+    startTime, which the kubelet sets only once the pod is on a node, so an unschedulable pod never reaches
+    it. Argo's template ``timeout`` is checked on the Pending node itself: executeTemplate calls
+    checkTemplateTimeout(processedTmpl, node) before creating anything (workflow/controller/operator.go,
+    v4.0.5 lines 2188-2195 and 2548-2566; v4.1.2 checkTemplateTimeouts, lines 2292-2307 and 2698-2724, which
+    also deletes the pod) and fails the node once ``node.StartedAt + timeout`` passed while it is Pending.
+    But with a retryStrategy the node it checks is the Retry node, created Running (operator.go v4.0.5
+    line 2321) and left Running while its child is Pending (processNodeRetries, lines 996-999), so a retried
+    template's ``timeout`` never fires. Hence render gives a gate that never exits 75 (``Needs.transient``
+    False) no retryStrategy and ``timeout`` = its deadline (see _container). v4.0.5 re-checks at the next
+    reconcile (a pod event or the workflow resync); v4.1.2 also requeues at the deadline.
+    """
+    if not on_pool(task):
+        return {}
+    if needs_of(task.step_name()).per_node and task.node is None:
+        raise RenderError(f"task {task.name}: gate {task.step} runs once per node, but the task names no node")
+    hw = profile.hardware
+    nodes = [task.node] if task.node else [n.name for n in hw.nodes]
+    term = m.NodeSelectorTerm(match_expressions=[m.NodeSelectorRequirement(key=HOSTNAME, operator="In",
+                                                                           values=nodes)])
+    out: dict[str, Any] = {"affinity": m.Affinity(node_affinity=m.NodeAffinity(
+        required_during_scheduling_ignored_during_execution=m.NodeSelector(node_selector_terms=[term])))}
+    if hw.tolerations:
+        out["tolerations"] = [m.Toleration(**t.manifest()) for t in hw.tolerations]
+    if hw.priority_class_name:
+        out["priority_class_name"] = hw.priority_class_name
+    return out
 
 
 def _env() -> list[m.EnvVar]:
@@ -155,40 +200,40 @@ def _env() -> list[m.EnvVar]:
     ]
 
 
-def _retry() -> RetryStrategy:
+def _retry(policy: RetryPolicy | None) -> RetryStrategy | None:
     # Only a transient infrastructure error (exit 75) is retried; a failed verdict (exit 1) never is.
     # No backoff.maxDuration: Argo v4 counts it from the FIRST attempt's start and makes it the next
     # attempt's deadline (workflow/controller/operator.go processNodeRetries), so a step that exits 75
     # after it would never be retried and a retry would be killed early. Each attempt is bounded by the
     # template's activeDeadlineSeconds, the attempts by `limit`, the whole run by the workflow's deadline.
-    # The base wait is a workflow parameter: Argo substitutes global parameters into the template
+    # The base wait may be a workflow parameter: Argo substitutes global parameters into the template
     # (retryStrategy included) before processNodeRetries parses it (common.ProcessArgs).
-    return RetryStrategy(limit="3", retry_policy="Always",
+    if policy is None:
+        return None
+    return RetryStrategy(limit=str(policy.limit), retry_policy="Always",
                          expression=f"asInt(lastRetry.exitCode) == {EXIT_TRANSIENT}",
-                         backoff=m.Backoff(duration=str(refs.parameter("retry-backoff")), factor="2"))
+                         backoff=m.Backoff(duration=policy.backoff, factor=str(policy.factor)))
 
 
-def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GTask, name: str,
-               dag_inputs: dict[str, str]) -> tuple[Container, dict[str, str]]:
+def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GTask,
+               name: str) -> tuple[Container, dict[str, str]]:
     inputs: dict[str, str] = {}
     out = _out_dir(dag, task)
-    argv = ["step", task.step, "--profile", f"{PROFILE_DIR}/{profile.name}.yaml", "--out", out]
+    argv = ["step", task.step_name(), "--profile", f"{PROFILE_DIR}/{profile.name}.yaml", "--out", out]
     argv += list(task.args)
     args = [_localize(a, inputs) for a in argv]
-    image, in_engine = _step_image(images, task, dag_inputs)
-    outputs = [Parameter(name="verdict", value_from=m.ValueFrom(path=f"{_localize(out, {})}/outputs/verdict",
-                                                                 default="error"))]
-    for o in task.outputs:
-        outputs.append(Parameter(name=o, value_from=m.ValueFrom(path=f"{_localize(out, {})}/outputs/{o}",
-                                                                 default="false" if o.startswith("unlock") else "")))
+    image, in_engine = _step_image(profile, images, task)
+    outputs: list[Parameter | Artifact] = [Parameter(name=o, value_from=m.ValueFrom(path=str(output_path(PurePosixPath(_localize(out, {})), o)),
+                                                         default=output_default(o)))
+               for o in ("verdict", *task.outputs)]
     if profile.artifact_repository is not None:
         outputs.append(Artifact(name="evidence", path=_localize(out, {}), optional=True))
     env = _env()
     env_from = None
-    if needs_of(task.step).results_secret:
+    if needs_of(task.step_name()).results_secret:
         # results-store credentials (e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_ENDPOINT_URL)
         env_from = [m.EnvFromSource(secret_ref=m.SecretEnvSource(name="gauntlet-results", optional=True))]
-    init = None
+    init: list[UserContainer | m.UserContainer] | None = None
     if in_engine:
         command = ["python3", "-m", "gauntlet.workflows.cli"]
         # app/lib/gauntlet holds links to app/{workflows,steps,params}: the `gauntlet.*` namespace
@@ -199,6 +244,8 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
                                 volume_mounts=[m.VolumeMount(name="gauntlet-code", mount_path="/code")])]
     else:
         command = ["gauntlet"]
+    deadline = task.timeout_s or DEFAULT_TIMEOUT_S
+    policy = retry_policy(task)
     mounts = _mounts(profile, task)
     if in_engine:
         mounts.append(m.VolumeMount(name="gauntlet-code", mount_path=CODE_DIR))
@@ -214,14 +261,24 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
         outputs=outputs,
         volume_mounts=mounts,
         resources=_resources(profile, task),
-        retry_strategy=_retry(),
-        node_selector={"kubernetes.io/hostname": task.node} if task.node else None,
+        retry_strategy=_retry(policy),
         init_containers=init,
-        active_deadline_seconds=task.timeout_s or 4 * 3600,
+        active_deadline_seconds=deadline,
+        timeout=None if policy is not None else f"{deadline}s",
+        **_placement(profile, task),
         labels={"gauntlet.dev/gate": task.gate or "none", "gauntlet.dev/step": task.step or ""},
-        pod_spec_patch='{"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"}' if task.host_network else None,
+        service_account_name=_account(profile, task.step_name()),
+        pod_spec_patch=('{"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"}'
+                        if needs_of(task.step_name()).host_network else None),
     )
     return c, inputs
+
+
+def _account(profile: Profile, step: str) -> str | None:
+    """The service account of the step's API role (its ``NEEDS.api``): each pod holds only what its gate calls."""
+    from gauntlet.steps.backends import BACKENDS, require
+    from gauntlet.steps.backends.protocol import Access
+    return require(BACKENDS["kubernetes"], Access, "render").account(profile, needs_of(step).api)
 
 
 def argo_depends(needs: tuple[Need, ...]) -> str | None:
@@ -238,19 +295,20 @@ def argo_depends(needs: tuple[Need, ...]) -> str | None:
 
 
 def argo_when(when: When | None) -> str | None:
-    """A condition as Argo's ``when`` (govaluate): a bool compared unquoted, text quoted, one-of as ``=~``."""
+    """A condition as Argo's ``when`` (govaluate): a bool compared unquoted, text quoted, one-of as a regex
+    anchored on each comma-separated item (``sglang,vllm`` matches sglang and vllm; ``sglangx`` nothing)."""
     if when is None:
         return None
     if isinstance(when.value, bool):
         return f"{when.subject} == {'true' if when.value else 'false'}"
     if when.op == "one-of":
-        return f"'{when.subject}' =~ '{'|'.join(when.value)}'"
+        return f"'{when.subject}' =~ '(^|,)({'|'.join(when.value)})(,|$)'"
     return f"'{when.subject}' == '{when.value}'"
 
 
 def _dag(profile: Profile, images: dict[str, ImageRef], dag: Dag, prefix: str) -> tuple[DAG, list[Container]]:
     containers: list[Container] = []
-    tasks: list[Task] = []
+    tasks: list[Task | m.DAGTask] = []
     for t in dag.tasks:
         depends, when = argo_depends(t.depends), argo_when(t.when)
         if t.dag:
@@ -258,17 +316,18 @@ def _dag(profile: Profile, images: dict[str, ImageRef], dag: Dag, prefix: str) -
             tasks.append(Task(name=t.name, template=t.dag, arguments=args, depends=depends, when=when))
             continue
         tname = f"{prefix}{t.name}"
-        c, inputs = _container(profile, images, dag, t, tname, {})
+        c, inputs = _container(profile, images, dag, t, tname)
         containers.append(c)
         args = [Parameter(name=k, value=v) for k, v in sorted(inputs.items())]
         tasks.append(Task(name=t.name, template=tname, arguments=args or None, depends=depends, when=when))
-    inputs = [Parameter(name=i) for i in dag.inputs] or None
-    return DAG(name=dag.name, tasks=tasks, inputs=inputs), containers
+    params = [Parameter(name=i) for i in dag.inputs] or None
+    return DAG(name=dag.name, tasks=tasks, inputs=params), containers
 
 
 def _rbac(profile: Profile) -> list[dict[str, Any]]:
-    from gauntlet.steps.backends import BACKENDS
-    return BACKENDS["kubernetes"].access_manifests(profile)
+    from gauntlet.steps.backends import BACKENDS, require
+    from gauntlet.steps.backends.protocol import Access
+    return require(BACKENDS["kubernetes"], Access, "render").access_manifests(profile)
 
 
 def _profile_configmap(profile: Profile, images: dict[str, ImageRef]) -> dict[str, Any]:
@@ -288,7 +347,7 @@ def _template(profile: Profile, graph: Graph, images: dict[str, ImageRef]) -> Wo
     for seq in graph.sequences:
         d, cs = _dag(profile, images, seq, "seq-")
         templates += [d, *cs]
-    exit_c, exit_inputs = _container(profile, images, graph.main, graph.exit_handler, "cleanup", {})
+    exit_c, exit_inputs = _container(profile, images, graph.main, graph.exit_handler, "cleanup")
     assert not exit_inputs, "the exit handler takes only workflow-scope values"
     templates.append(exit_c)
     params = [Parameter(name=k, value=v[0], enum=list(v[1]) if v[1] else None, description=v[2])
@@ -337,8 +396,7 @@ def _cron(profile: Profile, graph: Graph) -> CronWorkflow:
 def _janitor(profile: Profile, images: dict[str, ImageRef]) -> CronWorkflow:
     """Every few minutes: release what labelled runs left behind once their workflow is gone or long
     finished (`argo terminate` skips the exit handler; a controller restart or a lost pod can too)."""
-    from gauntlet.steps.backends import BACKENDS
-    janitor_account = BACKENDS["kubernetes"].janitor_account
+    janitor_account = _account(profile, "janitor")
     labels = {"app.kubernetes.io/part-of": "gauntlet"}
     out = f"/runs/janitor/{refs.workflow('name')}"
     c = Container(
@@ -350,7 +408,8 @@ def _janitor(profile: Profile, images: dict[str, ImageRef]) -> CronWorkflow:
         volume_mounts=[m.VolumeMount(name="runs", mount_path="/runs")],
         resources=m.ResourceRequirements(requests={"cpu": m.Quantity("100m"), "memory": m.Quantity("256Mi")},
                                          limits={"memory": m.Quantity("1Gi")}),
-        outputs=[Parameter(name="verdict", value_from=m.ValueFrom(path=f"{out}/outputs/verdict", default="error"))],
+        outputs=[Parameter(name="verdict", value_from=m.ValueFrom(path=str(output_path(PurePosixPath(out), "verdict")),
+                                                                  default=output_default("verdict")))],
         active_deadline_seconds=900,
     )
     return CronWorkflow(
@@ -374,11 +433,19 @@ def _refuse_unrunnable(profile: Profile) -> None:
                           f"only for a kubernetes profile (run this one with `gauntlet run --profile {profile.name}`)")
 
 
+def _refuse_short_deadlines(profile: Profile, graph: Graph, images: dict[str, ImageRef]) -> None:
+    from gauntlet.workflows.plan import image_fixes, plan_graph, too_short
+    why = too_short(plan_graph(graph, profile, "argo", image_fixes(profile, images)))
+    if why is not None:
+        raise RenderError(why)
+
+
 def render_documents(profile: Profile, images: dict[str, ImageRef] | None = None) -> dict[str, Any]:
     """File name -> document (or list of documents) for one kubernetes profile; RenderError otherwise."""
     _refuse_unrunnable(profile)
     images = load_images() if images is None else images
     graph = build_graph(profile, "argo")
+    _refuse_short_deadlines(profile, graph, images)
     docs: dict[str, Any] = {
         f"{template_name(profile)}.workflowtemplate.yaml": _template(profile, graph, images).to_dict(),
         f"{cron_name(profile)}.cronworkflow.yaml": _cron(profile, graph).to_dict(),
@@ -386,7 +453,24 @@ def render_documents(profile: Profile, images: dict[str, ImageRef] | None = None
         f"{template_name(profile)}.profile.yaml": _profile_configmap(profile, images),
         f"{janitor_name()}.cronworkflow.yaml": _janitor(profile, images).to_dict(),
     }
+    _refuse_oversized(docs)
     return docs
+
+
+def _refuse_oversized(docs: dict[str, Any]) -> None:
+    """What Kubernetes or Argo would refuse at submit time, refused here: a name over its kind's limit, a
+    ConfigMap over 1 MiB (the profile models bound both; this is the last word before a file is written)."""
+    for fname, doc in docs.items():
+        for d in doc if isinstance(doc, list) else [doc]:
+            kind, name = d.get("kind", ""), d.get("metadata", {}).get("name", "")
+            if len(name) > NAME_MAX.get(kind, 253):
+                raise RenderError(f"{fname}: {kind} name {name[:40]!r}... is {len(name)} characters, over "
+                                  f"the {NAME_MAX.get(kind, 253)} Kubernetes/Argo accept")
+            if kind == "ConfigMap":
+                size = sum(len(k.encode()) + len(v.encode()) for k, v in d.get("data", {}).items())
+                if size > CONFIGMAP_MAX_BYTES:
+                    raise RenderError(f"{fname}: ConfigMap {name} holds {size:,} bytes, over the 1 MiB "
+                                      f"({CONFIGMAP_MAX_BYTES:,} bytes) Kubernetes accepts: shorten the profile")
 
 
 def dump_yaml(doc: Any) -> str:
@@ -397,10 +481,15 @@ def dump_yaml(doc: Any) -> str:
 
 def render_profile(profile: Profile, out: Path) -> list[Path]:
     out = Path(out)
+    docs = render_documents(profile)
     out.mkdir(parents=True, exist_ok=True)
+    root = out.resolve()
     paths = []
-    for name, doc in render_documents(profile).items():
+    for name, doc in docs.items():
         p = out / name
+        # names come from the validated profile name; still, never a path, and never through a link out of --out
+        if Path(name).name != name or name in (".", "..") or p.resolve().parent != root:
+            raise RenderError(f"{name!r}: a rendered file name must be a plain file name inside {out}")
         p.write_text(dump_yaml(doc))
         paths.append(p)
     return paths

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gauntlet.params.models import Profile
 from gauntlet.contract import TransientError, UsageError
@@ -20,20 +22,27 @@ __all__ = ["submit", "commands"]
 
 
 def commands(profile: Profile, out: Path, namespace: str) -> list[str]:
-    """What a person would type: apply RBAC, create/update templates, start a run."""
+    """What a person would type: apply RBAC, create/update templates, start a run. Each command is an argv
+    joined by shlex.join, so no name, path or namespace is ever read by the shell as more than one word."""
     wt = out / f"{template_name(profile)}.workflowtemplate.yaml"
     cron = out / f"{cron_name(profile)}.cronworkflow.yaml"
     rbac = out / f"{template_name(profile)}.rbac.yaml"
     config = out / f"{template_name(profile)}.profile.yaml"
     janitor = out / f"{janitor_name()}.cronworkflow.yaml"
-    ns = shlex.quote(namespace)
-    q = shlex.quote
+    j = shlex.join
+
+    def create_or_update(kind: str, path: Path) -> str:
+        return f"{j(['argo', kind, 'create', '-n', namespace, str(path)])} || " \
+               f"{j(['argo', kind, 'update', '-n', namespace, str(path)])}"
+
     return [
-        f"kubectl apply --server-side --field-manager=gauntlet -n {ns} -f {q(str(rbac))} -f {q(str(config))}",
-        f"argo template create -n {ns} {q(str(wt))} || argo template update -n {ns} {q(str(wt))}",
-        f"argo cron create -n {ns} {q(str(cron))} || argo cron update -n {ns} {q(str(cron))}",
-        f"argo cron create -n {ns} {q(str(janitor))} || argo cron update -n {ns} {q(str(janitor))}",
-        f"argo submit -n {ns} --from workflowtemplate/{template_name(profile)} -p engines=both --watch",
+        j(["kubectl", "apply", "--server-side", "--field-manager=gauntlet", "-n", namespace, "-f", str(rbac),
+           "-f", str(config)]),
+        create_or_update("template", wt),
+        create_or_update("cron", cron),
+        create_or_update("cron", janitor),
+        j(["argo", "submit", "-n", namespace, "--from", f"workflowtemplate/{template_name(profile)}",
+           "-p", "engines=both", "--watch"]),
     ]
 
 
@@ -64,30 +73,31 @@ def submit(profile: Profile, *, out: Path, namespace: str | None = None, host: s
     crons = [CronWorkflow.model_validate(yaml.safe_load(by_name[f"{n}.cronworkflow.yaml"].read_text()))
              for n in (cron_name(profile), janitor_name())]
 
-    def create_or_update(kind, obj, create, get, update):
+    def create_or_update(kind: str, obj: Any, create: Callable[[Any], object], get: Callable[[str], Any],
+                         update: Callable[[Any, str], object]) -> None:
+        name = obj.metadata.name
         try:
-            create()
-            print(f"created {kind}/{obj.metadata.name}")
+            create(obj)
+            print(f"created {kind}/{name}")
         except AlreadyExists:
-            obj.metadata.resource_version = get().metadata.resource_version
-            update()
-            print(f"updated {kind}/{obj.metadata.name}")
+            obj.metadata.resource_version = get(name).metadata.resource_version
+            update(obj, name)
+            print(f"updated {kind}/{name}")
 
     try:
         create_or_update(
             "workflowtemplate", wt,
-            lambda: svc.create_workflow_template(WorkflowTemplateCreateRequest(template=wt), namespace=namespace),
-            lambda: svc.get_workflow_template(wt.metadata.name, namespace=namespace),
-            lambda: svc.update_workflow_template(wt.metadata.name, WorkflowTemplateUpdateRequest(template=wt),
-                                                 namespace=namespace))
+            lambda t: svc.create_workflow_template(WorkflowTemplateCreateRequest(template=t), namespace=namespace),
+            lambda n: svc.get_workflow_template(n, namespace=namespace),
+            lambda t, n: svc.update_workflow_template(n, WorkflowTemplateUpdateRequest(template=t),
+                                                      namespace=namespace))
         for cron in crons:
             create_or_update(
                 "cronworkflow", cron,
-                lambda c=cron: svc.create_cron_workflow(CreateCronWorkflowRequest(cron_workflow=c),
-                                                        namespace=namespace),
-                lambda c=cron: svc.get_cron_workflow(c.metadata.name, namespace=namespace),
-                lambda c=cron: svc.update_cron_workflow(c.metadata.name, UpdateCronWorkflowRequest(cron_workflow=c),
-                                                        namespace=namespace))
+                lambda c: svc.create_cron_workflow(CreateCronWorkflowRequest(cron_workflow=c), namespace=namespace),
+                lambda n: svc.get_cron_workflow(n, namespace=namespace),
+                lambda c, n: svc.update_cron_workflow(n, UpdateCronWorkflowRequest(cron_workflow=c),
+                                                      namespace=namespace))
     except HeraException as exc:
         raise UsageError(f"submit: Argo refused: {str(exc).splitlines()[0]}") from None
     except OSError as exc:

@@ -1,7 +1,7 @@
 """`python -m box up [--profile kimi-k3-h20]` (``make box``): the box for interactive use.
 
 Builds what a pin changed, starts the control plane and the process kubelet with the profile's
-nodes (plus another team's node), applies the profile's rendered RBAC, WorkflowTemplate and
+nodes (plus another team's GPU node and a general node), applies the profile's rendered RBAC, WorkflowTemplate and
 CronWorkflow, writes a 96-shard sparse model cache on each node, and prints how to submit.
 Ctrl-C stops everything. The GPU gates are played by the default stand-ins (every one passes).
 """
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from box.build import BuildError, ensure_built
     from box.controlplane import BoxError, ControlPlane
     from box.kubelet import ProcessKubelet, default_images
-    from box.scenarios import GPU_STANDINS, OTHER_NODE, BoxSession
+    from box.scenarios import GPU_STANDINS, BoxSession, box_nodes
     from gauntlet.params import load_profile
 
     if args.profile != "kimi-k3-h20":
@@ -50,10 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile(args.profile)
     nodes = [n.name for n in profile.hardware.nodes]
     roots = {n: work / "kubelet" / "nodes" / n for n in nodes}
-    kubelet = ProcessKubelet(cp.api_client(), [*nodes, OTHER_NODE], workdir=work / "kubelet",
-                             images=default_images(cp.bin_dir, cp.executor_image),
-                             gpus_per_node=profile.hardware.gpus_per_node, host_roots=roots,
-                             standins=GPU_STANDINS)
+    kubelet = ProcessKubelet(cp.api_client(), workdir=work / "kubelet", host_roots=roots, **box_nodes(profile),
+                             images=default_images(cp.bin_dir, cp.executor_image), standins=GPU_STANDINS)
     kubelet.start()
     session = BoxSession(cp, kubelet, roots, work / "kubelet")
     try:

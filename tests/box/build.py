@@ -17,6 +17,7 @@ module version at build time.
 from __future__ import annotations
 
 import hashlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ MODULES: dict[str, tuple[tuple[str, str], ...]] = {
         ("etcd", "./etcd"),
         ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
         ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
+        ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),   # placement is the real scheduler's
     ),
     "argo": (
         ("workflow-controller", f"{ARGO_MODULE}/cmd/workflow-controller"),
@@ -152,8 +154,22 @@ def ensure_built(verbose: bool = False) -> Binaries:
     final = root / key
     argo_v, k8s_v = _required("argo", ARGO_MODULE), _required("k8s", "k8s.io/kubernetes")
     names = [n for mod in MODULES.values() for n, _ in mod]
-    if all((final / "bin" / n).is_file() for n in names) and any((final / "crds").glob("*.yaml")):
+    def built() -> bool:
+        return all((final / "bin" / n).is_file() for n in names) and any((final / "crds").glob("*.yaml"))
+
+    if built():
         return Binaries(final / "bin", final / "crds", argo_v, k8s_v, 0.0)
+    # several pytest workers may ask at once: one builds, the others wait for it and find it built
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".lock-{key}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if built():
+            return Binaries(final / "bin", final / "crds", argo_v, k8s_v, 0.0)
+        return _build(go, root, final, names, argo_v, k8s_v, key, verbose)
+
+
+def _build(go: str, root: Path, final: Path, names: list[str], argo_v: str, k8s_v: str, key: str,
+           verbose: bool) -> Binaries:
     t0 = time.monotonic()
     work = root / f".build-{key}-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The control plane in a box: real etcd, kube-apiserver, kube-controller-manager and Argo's controller.
+"""The control plane in a box: real etcd, kube-apiserver, kube-controller-manager, kube-scheduler and Argo's controller.
 
 Everything listens on 127.0.0.1 only (but for one thing we cannot change: Argo's
 workflow-controller serves its health check on ``:6060``, hard-coded in v4.0.5's
@@ -13,12 +13,20 @@ on loopback, never exposed.
   and service-account tokens signed by a key of the box (the TokenRequest API works, so
   pods authenticate as their service account and RBAC decides).
 - kube-controller-manager: the controllers the gates rely on (StatefulSet, Job, garbage
-  collector, namespace, service-account, root CA publisher), leader election off.
+  collector, namespace, service-account, root CA publisher, PersistentVolume binder, node
+  lifecycle: it lifts the ``node.kubernetes.io/not-ready`` taint the API server puts on every new
+  Node once the kubelet reports Ready), leader election off.
+- kube-scheduler: ``k8s.io/kubernetes/cmd/kube-scheduler`` at the API server's pin, with the default
+  profile (every default plugin: NodeAffinity, TaintToleration, NodeResourcesFit on ``nvidia.com/gpu``,
+  NodePorts, InterPodAffinity, VolumeBinding, DefaultPreemption), leader election off, no serving port.
+  It authenticates as ``system:kube-scheduler`` (its own token and kubeconfig, ``scheduler.kubeconfig``),
+  so the API server's bootstrap RBAC role for the scheduler decides what it may do, as on a cluster.
 - Argo: ``workflow-controller`` (executor image ``quay.io/argoproj/argoexec:<version>``, which
   the process kubelet maps to the box's own ``argoexec``), Argo's full CRDs from the same
   module, server-side applied, and the ``argo`` CLI for submit/stop/terminate/lint.
 
-No scheduler, kubelet or kube-proxy runs here: :mod:`box.kubelet` binds and runs pods.
+No kubelet or kube-proxy runs here: :mod:`box.kubelet` registers the Nodes and runs the pods the
+scheduler bound to them.
 """
 
 from __future__ import annotations
@@ -46,8 +54,11 @@ __all__ = ["ControlPlane", "BoxError", "ARGO_NAMESPACE", "KCM_CONTROLLERS"]
 
 ARGO_NAMESPACE = "argo"
 ADMIN_TOKEN = "gauntlet-box-admin"
+SCHEDULER_TOKEN = "gauntlet-box-scheduler"
+SCHEDULER_USER = "system:kube-scheduler"          # the user the bootstrap ClusterRoleBinding names
 KCM_CONTROLLERS = ("statefulset", "job", "garbage-collector-controller", "namespace", "serviceaccount",
-                   "root-ca-certificate-publisher-controller", "ttl-after-finished", "replicaset", "endpointslice")
+                   "root-ca-certificate-publisher-controller", "ttl-after-finished", "replicaset", "endpointslice",
+                   "persistentvolume-binder-controller", "node-lifecycle-controller")
 # Argo's requeue and pod-status timings, shortened through the environment variables its
 # controller reads (configuration, not a patch).
 ARGO_ENV = {"LEADER_ELECTION_DISABLE": "true", "DEFAULT_REQUEUE_TIME": "2s", "RECENTLY_STARTED_POD_DURATION": "2s",
@@ -128,6 +139,10 @@ class ControlPlane:
         return self.workdir / "kubeconfig"
 
     @property
+    def scheduler_kubeconfig(self) -> Path:
+        return self.workdir / "scheduler.kubeconfig"
+
+    @property
     def bin_dir(self) -> Path:
         return self.binaries.bin_dir
 
@@ -157,7 +172,8 @@ class ControlPlane:
         w = self.workdir
         pki = w / "pki"
         make_pki(pki)
-        (w / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+        (w / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n'
+                                      f'{SCHEDULER_TOKEN},{SCHEDULER_USER},{SCHEDULER_USER}\n')
         etcd_port, peer_port = free_port(), free_port()
         etcd = self._spawn("etcd", [str(self.bin_dir / "etcd"), "-data-dir", str(w / "etcd"),
                                     "-listen-client", f"http://127.0.0.1:{etcd_port}",
@@ -180,7 +196,7 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
         ])
         self._wait(lambda: self._ready("/readyz"), api, t0 + timeout_s, "kube-apiserver /readyz")
-        self._write_kubeconfig()
+        self._write_kubeconfig(self.kubeconfig, ADMIN_TOKEN, ARGO_NAMESPACE)
         self._spawn("kube-controller-manager", [
             str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
             f"--controllers={','.join(KCM_CONTROLLERS)}", "--leader-elect=false",
@@ -188,6 +204,15 @@ class ControlPlane:
             "--use-service-account-credentials=false", "--bind-address=127.0.0.1", "--secure-port=0",
             "--concurrent-statefulset-syncs=5", "--v=1",
         ])
+        self._write_kubeconfig(self.scheduler_kubeconfig, SCHEDULER_TOKEN, "default")
+        (w / "scheduler.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.scheduler_kubeconfig)},
+            "leaderElection": {"leaderElect": False}}))
+        sched = self._spawn("kube-scheduler", [
+            str(self.bin_dir / "kube-scheduler"), f"--config={w / 'scheduler.yaml'}", "--secure-port=0", "--v=1"])
+        self._wait(lambda: "Starting Kubernetes Scheduler" in sched.log.read_text(), sched, t0 + timeout_s,
+                   "kube-scheduler start")
         self._install_argo()
         ctrl = self._spawn("workflow-controller", [
             str(self.bin_dir / "workflow-controller"), f"--kubeconfig={self.kubeconfig}",
@@ -306,13 +331,12 @@ class ControlPlane:
         cfg.api_key = {"authorization": f"Bearer {token or ADMIN_TOKEN}"}
         return client.ApiClient(cfg)
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: Path, token: str, namespace: str) -> None:
         cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "box",
                "clusters": [{"name": "box", "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)}}],
-               "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
-               "contexts": [{"name": "box", "context": {"cluster": "box", "user": "admin",
-                                                         "namespace": ARGO_NAMESPACE}}]}
-        self.kubeconfig.write_text(yaml.safe_dump(cfg))
+               "users": [{"name": "user", "user": {"token": token}}],
+               "contexts": [{"name": "box", "context": {"cluster": "box", "user": "user", "namespace": namespace}}]}
+        path.write_text(yaml.safe_dump(cfg))
 
     def create(self, obj: dict[str, Any]) -> None:
         """Create one object as admin; an existing one is left as it is (409)."""
@@ -356,7 +380,9 @@ class ControlPlane:
                               env={**os.environ, "ARGO_SERVER": ""})
 
 
-_CLUSTER_SCOPED = {"Namespace", "Node", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+_CLUSTER_SCOPED = {"Namespace", "Node", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                   "PersistentVolume", "PriorityClass", "ValidatingAdmissionPolicy",
+                   "ValidatingAdmissionPolicyBinding"}
 
 
 def api_path(obj: dict[str, Any]) -> str:
@@ -366,10 +392,12 @@ def api_path(obj: dict[str, Any]) -> str:
     prefix = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
     plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps",
               "Secret": "secrets", "Service": "services", "Pod": "pods", "PersistentVolumeClaim":
-              "persistentvolumeclaims", "Node": "nodes", "Role": "roles", "RoleBinding": "rolebindings",
+              "persistentvolumeclaims", "PersistentVolume": "persistentvolumes", "PriorityClass": "priorityclasses", "Node": "nodes", "Role": "roles", "RoleBinding": "rolebindings",
               "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
               "StatefulSet": "statefulsets", "Job": "jobs", "CustomResourceDefinition": "customresourcedefinitions",
-              "WorkflowTemplate": "workflowtemplates", "CronWorkflow": "cronworkflows", "Workflow": "workflows"}[kind]
+              "WorkflowTemplate": "workflowtemplates", "CronWorkflow": "cronworkflows", "Workflow": "workflows",
+              "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+              "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[kind]
     if kind in _CLUSTER_SCOPED:
         return f"{prefix}/{plural}/{name}"
     return f"{prefix}/namespaces/{obj['metadata'].get('namespace', 'default')}/{plural}/{name}"

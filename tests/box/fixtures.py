@@ -2,7 +2,7 @@
 
 ``control_plane``: one box per test session (built first if a pin changed). ``box_session``: the
 box prepared for the kimi-k3-h20 template, with the process kubelet running the profile's two
-nodes and another team's node. If the box cannot be built or started, every test that uses it
+nodes, another team's GPU node and a general node (:func:`box.scenarios.box_nodes`). If the box cannot be built or started, every test that uses it
 fails with the reason: never a silent skip.
 """
 
@@ -44,16 +44,15 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 @pytest.fixture(scope="session")
 def box_session(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory):
     from box.kubelet import ProcessKubelet, default_images
-    from box.scenarios import OTHER_NODE, PROFILE, BoxSession
+    from box.scenarios import PROFILE, BoxSession, box_nodes
     from gauntlet.params import load_profile
 
     profile = load_profile(PROFILE)
     nodes = [n.name for n in profile.hardware.nodes]
     work = tmp_path_factory.mktemp("kubelet")
     roots = {n: work / "nodes" / n for n in nodes}
-    kubelet = ProcessKubelet(control_plane.api_client(), [*nodes, OTHER_NODE], workdir=work,
-                             images=default_images(control_plane.bin_dir, control_plane.executor_image),
-                             gpus_per_node=profile.hardware.gpus_per_node, host_roots=roots)
+    kubelet = ProcessKubelet(control_plane.api_client(), workdir=work, host_roots=roots, **box_nodes(profile),
+                             images=default_images(control_plane.bin_dir, control_plane.executor_image))
     kubelet.start()
     session = BoxSession(control_plane, kubelet, roots, work)
     try:

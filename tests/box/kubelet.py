@@ -1,12 +1,13 @@
-"""The box's process kubelet: Nodes, binding and pods run as local processes, on the `kubernetes` client.
+"""The box's process kubelet: Nodes, and the pods bound to them run as local processes, on the `kubernetes` client.
 
-:class:`ProcessKubelet` registers a Node per name (hostname label, cpu/memory/pods and
-``nvidia.com/gpu`` capacity, Ready, its Lease in ``kube-node-lease`` and its Ready
-heartbeat renewed every ``heartbeat_s``), binds pods that have no ``spec.nodeName`` (no
-scheduler runs in the box), and runs each bound pod's containers as processes of this
-machine: init containers in order, then every container at once, each in its own mount
-and PID namespace (:mod:`box.nsexec`) with its volumes bind-mounted at their mountPaths
-(emptyDir, hostPath, persistentVolumeClaim, configMap, secret, downwardAPI, projected with
+:class:`ProcessKubelet` registers a Node per name (hostname, os and arch labels, cpu/memory/pods
+capacity and, on a node with GPUs, ``nvidia.com/gpu``; the node's taints; Ready, its Lease in
+``kube-node-lease`` and its Ready heartbeat renewed every ``heartbeat_s``), and runs each pod
+the REAL kube-scheduler bound to one of its nodes (``spec.nodeName``; :mod:`box.controlplane`
+runs the scheduler, which decides taints, affinity, anti-affinity, host ports and GPU counts,
+and writes ``Unschedulable`` on a pod it cannot place) as processes of this machine: init
+containers in order, then every container at once, each in its own mount and PID namespace
+(:mod:`box.nsexec`) with its volumes bind-mounted at their mountPaths (emptyDir, hostPath, persistentVolumeClaim, configMap, secret, downwardAPI, projected with
 a real TokenRequest token), a per-pod /etc/hosts and a termination-message file. It
 reports phase, conditions and container states through the ``status`` subresource,
 restarts containers by restartPolicy with a back-off, enforces activeDeadlineSeconds,
@@ -39,9 +40,12 @@ What a real kubelet does that this one does not:
 - networking: no pod network, CNI, kube-proxy or cluster DNS. Every pod and Service is
   127.0.0.1 through a per-pod /etc/hosts (Service names, StatefulSet pod names), rewritten
   in place as Services appear; ports are host ports, so two pods on one port collide;
-- scheduling: nodeSelector, required node affinity, required pod anti-affinity on the
-  hostname and the ``nvidia.com/gpu`` count only; no taints, cpu/memory fit or scoring;
-  a PVC must exist (its PV's hostPath is used when bound to one, else a per-claim dir);
+- scheduling: none here; it runs only what the scheduler bound, and does not re-check a bound
+  pod (a real kubelet's admission refuses a pod whose resources, host ports or taints do not fit
+  the node: the scheduler has already decided those). A claim's PV hostPath is used when the
+  claim is bound to one (the box binds its claims to hostPath PVs: the scheduler places no pod
+  whose claim is unbound), else a per-claim dir;
+- devices: ``nvidia.com/gpu`` is a number in the Node's capacity; no device plugin allocates a GPU;
 - probes: none run; a running container is ready;
 - volume errors (a missing hostPath Directory, a missing ConfigMap) keep the pod Pending
   and are retried, with an event, as a real kubelet's FailedMount;
@@ -75,9 +79,9 @@ from pathlib import Path
 from typing import Any
 
 from box.podplan import (GPU, HOST_PATH, LOOPBACK, ConfigError, ContainerRun, ImageKey, ImageRun, Mount,
-                         choose_behaviour, container_argv, downward_files, engine_argv, find_image, gpus_requested,
-                         hosts_text, keep_under_tmp, mount_plan, mountpoint_on_host, node_fits, pod_phase, pod_status,
-                         resolve_env, standin_argv, standin_behaviours, standin_key)
+                         choose_behaviour, container_argv, downward_files, engine_argv, find_image, hosts_text,
+                         keep_under_tmp, mount_plan, mountpoint_on_host, pod_phase, pod_status, resolve_env,
+                         standin_argv, standin_behaviours, standin_key)
 
 __all__ = ["ProcessKubelet", "ImageRun", "default_images"]
 
@@ -87,6 +91,9 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 ENGINE_LABEL = ("gauntlet.dev/component", "engine")
 ENGINE_STANDIN = "engine"   # stand-in table key for the engine ranks: {"exit": N, "after_s": S} per start
 TERMINAL = ("Succeeded", "Failed")
+# a pod Unschedulable or stuck pulling fails the step that waits on it after this many seconds on the box
+# (gauntlet.steps.backends.kubernetes.stuck; 300 on a cluster): set in the step image's env, as an image's ENV would
+BOX_STUCK_GRACE_S = "20"
 
 
 def now() -> str:
@@ -94,7 +101,7 @@ def now() -> str:
 
 
 # what images/steps/Dockerfile copies into /opt/gauntlet/app
-IMAGE_APP = ("pyproject.toml", "README.md", "contract", "workflows", "steps", "params", "images")
+IMAGE_APP = ("pyproject.toml", "README.md", "contract", "workflows", "steps", "params")
 
 
 def image_app_dir(repo: Path = REPO) -> Path:
@@ -116,9 +123,10 @@ def image_app_dir(repo: Path = REPO) -> Path:
 
 
 def default_images(bin_dir: str | Path, executor_image: str, repo: Path = REPO) -> dict[ImageKey, ImageRun]:
-    """The box's image table: the executor image → the box's argoexec; the step images (images/engines.yaml)
+    """The box's image table: the executor image → the box's argoexec; the step images (params/images.yaml)
     → the project's venv with the repo at /opt/gauntlet/app (the step image's WORKDIR); engine images →
-    host tools with the venv's python3 (their init containers run `sh`/`test`; the engine is a stand-in)."""
+    host tools with the venv's python3 (their init containers run `sh`/`test`; the engine is a stand-in).
+    The step image's env sets the box's short stuck-pod grace (:data:`BOX_STUCK_GRACE_S`)."""
     from gauntlet.params import load_images
 
     venv_bin = str(repo / ".venv" / "bin")
@@ -126,11 +134,12 @@ def default_images(bin_dir: str | Path, executor_image: str, repo: Path = REPO) 
     app = "/opt/gauntlet/app"
     content = str(image_app_dir(repo))
     steps = ImageRun(entrypoint=("gauntlet",), path=(venv_bin, *HOST_PATH), workdir=app,
-                     env={"GAUNTLET_IMAGES": f"{app}/images/engines.yaml", "PYTHONUNBUFFERED": "1",
-                          "PYTHONDONTWRITEBYTECODE": "1"}, mounts={app: content})
+                     env={"PYTHONUNBUFFERED": "1",
+                          "PYTHONDONTWRITEBYTECODE": "1", "GAUNTLET_POD_STUCK_GRACE_S": BOX_STUCK_GRACE_S},
+                     mounts={app: content})
     engine = ImageRun(path=(*HOST_PATH[:2], venv_bin, *HOST_PATH[2:]), workdir="/", mounts={app: content})
     table: dict[ImageKey, ImageRun] = {executor_image: argoexec, "quay.io/argoproj/argoexec:*": argoexec}
-    for img in load_images(repo / "images" / "engines.yaml").values():
+    for img in load_images(repo / "params" / "images.yaml").values():
         run = engine if img.engine else steps
         for ref in (img.ref, img.internal, f"{img.repository}:{img.tag}", f"{img.repository}@{img.digest}"):
             table[ref] = run
@@ -331,9 +340,11 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
 
 
 class ProcessKubelet:
-    """Nodes, binding and local-process pods for the box (see the module docstring for what it is not).
+    """Nodes and local-process pods for the box (see the module docstring for what it is not).
 
     ``api_client``: an admin ``kubernetes.client.ApiClient``; ``nodes``: node names to register;
+    ``gpus_per_node``: each node's ``nvidia.com/gpu`` capacity, ``node_gpus``: per node, instead (0: none
+    advertised, as on a node without the device plugin); ``taints``: node → its ``spec.taints``;
     ``images``: image reference (exact, ``prefix*`` or predicate) → :class:`ImageRun` (:func:`default_images`);
     ``standins``: task or step name → behaviours per attempt (``{"exit", "status", "after_s", "outputs"}``, or
     ``{"real": true}`` for the real command); the key ``"engine"``: the engine containers' behaviour per start;
@@ -343,6 +354,7 @@ class ProcessKubelet:
     ``tls``: (cert, key) of the kubelet endpoint for ``pods/log`` and ``pods/exec`` (:mod:`box.kubeletserver`);
     None: a self-signed one (an API server without ``--kubelet-certificate-authority`` does not verify it);
     False: no endpoint (``pods/log`` through the API server then answers 500);
+    ``extended``: node → other extended resources it advertises (an RDMA device plugin's, a number as ``nvidia.com/gpu``);
     ``address``: the loopback address every Service and StatefulSet pod name resolves to and the stand-in
     engine listens on (default: one of 127/8 of this kubelet's own, so two boxes on one machine, whose engines
     listen on the same container port, do not collide).
@@ -350,11 +362,13 @@ class ProcessKubelet:
 
     def __init__(self, api_client: Any, nodes: Sequence[str], *, workdir: str | Path,
                  images: Mapping[ImageKey, ImageRun], standins: Mapping[str, Sequence[dict[str, Any]]] | None = None,
-                 gpus_per_node: int = 0, cpu: str = "64", memory: str = "512Gi", max_pods: int = 110,
+                 gpus_per_node: int = 0, node_gpus: Mapping[str, int] | None = None,
+                 taints: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+                 cpu: str = "64", memory: str = "512Gi", max_pods: int = 110,
                  ca_file: str | None = None, python: str | None = None, resync_s: float = 2.0,
                  heartbeat_s: float = 10.0, backoff_s: tuple[float, float] = (1.0, 10.0),
                  tls: tuple[str | Path, str | Path] | None | bool = None, host_roots: Mapping[str, str | Path] | None = None,
-                 address: str | None = None):
+                 address: str | None = None, extended: Mapping[str, Mapping[str, str]] | None = None):
         from kubernetes import client
 
         self.api = api_client
@@ -364,7 +378,10 @@ class ProcessKubelet:
         self.nodes = list(nodes)
         self.workdir = Path(workdir).resolve()
         self.images, self.standins = images, dict(standins or {})
-        self.gpus, self.cpu, self.memory, self.max_pods = gpus_per_node, cpu, memory, max_pods
+        self.gpus = {n: (node_gpus or {}).get(n, gpus_per_node) for n in self.nodes}
+        self.extended = {n: dict((extended or {}).get(n, {})) for n in self.nodes}   # e.g. an RDMA device plugin's
+        self.taints = {n: [dict(t) for t in (taints or {}).get(n, ())] for n in self.nodes}
+        self.cpu, self.memory, self.max_pods = cpu, memory, max_pods
         cfg = api_client.configuration
         self.ca_file = ca_file or cfg.ssl_ca_cert
         self.api_port = str(cfg.host.rsplit(":", 1)[-1]).strip("/") if cfg.host.count(":") > 1 else "443"
@@ -373,7 +390,6 @@ class ProcessKubelet:
         self.resync_s, self.heartbeat_s, self.backoff_s = resync_s, heartbeat_s, backoff_s
         self.pods: dict[str, _Pod] = {}
         self.started: set[str] = set()
-        self.unschedulable: dict[str, str] = {}
         self.hosts_files: dict[str, Path] = {}
         self.errors: list[str] = []
         self.stopping = threading.Event()
@@ -480,9 +496,12 @@ class ProcessKubelet:
         self.log.exception(line, exc_info=exc)
 
     # ---- nodes ----
-    def _node_status(self) -> dict[str, Any]:
+    def _node_status(self, name: str) -> dict[str, Any]:
         t, since = now(), self.registered_at
-        cap = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.max_pods), GPU: str(self.gpus)}
+        cap = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.max_pods)}
+        if self.gpus[name]:
+            cap[GPU] = str(self.gpus[name])
+        cap.update(self.extended[name])
         conds = [{"type": kind, "status": "False", "reason": f"KubeletHas{ok}", "lastHeartbeatTime": t,
                   "lastTransitionTime": since} for kind, ok in (("MemoryPressure", "SufficientMemory"),
                                                              ("DiskPressure", "NoDiskPressure"),
@@ -502,19 +521,19 @@ class ProcessKubelet:
 
         labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
         body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-                "status": self._node_status()}
+                "spec": {"taints": self.taints[name]}, "status": self._node_status(name)}
         try:
             self.core.create_node(body)
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            self.core.patch_node(name, {"metadata": {"labels": labels}})
+            self.core.patch_node(name, {"metadata": {"labels": labels}, "spec": {"taints": self.taints[name]}})
         self._heartbeat(name)
 
     def _heartbeat(self, name: str) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        self.core.patch_node_status(name, {"status": self._node_status()})
+        self.core.patch_node_status(name, {"status": self._node_status(name)})
         renew = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         try:
             self.coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": {"renewTime": renew,
@@ -573,7 +592,6 @@ class ProcessKubelet:
             if uid not in seen and p.done:
                 self.pods.pop(uid)
                 self.hosts_files.pop(uid, None)
-        self._schedule([p for p in pods if not p["spec"].get("nodeName")], pods)
         for pod in pods:
             if pod["spec"].get("nodeName") in self.nodes:
                 self._sync_pod(pod)
@@ -627,61 +645,6 @@ class ProcessKubelet:
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
-
-    # ---- scheduling ----
-    def _schedule(self, pending: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        live = [p for p in pods if p["spec"].get("nodeName") in self.nodes
-                and (p.get("status") or {}).get("phase") not in TERMINAL]
-        used = {n: sum(gpus_requested(p) for p in live if p["spec"]["nodeName"] == n) for n in self.nodes}
-        labels = {n: {"kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
-                  for n in self.nodes}
-        for pod in sorted(pending, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
-            meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
-            why = {n: node_fits(pod, n, labels[n], self.gpus - used[n],
-                                [p for p in live if p["spec"]["nodeName"] == n]) for n in self.nodes}
-            claim = self._missing_claim(pod)
-            node = next((n for n in self.nodes if why[n] is None), None) if not claim else None
-            if node is None:
-                reasons = sorted({w for w in why.values() if w})
-                msg = claim or f"0/{len(self.nodes)} nodes are available: " + ", ".join(
-                    f"{sum(1 for w in why.values() if w == r)} {r}" for r in reasons) + "."
-                if self.unschedulable.get(meta["uid"]) != msg:
-                    self.unschedulable[meta["uid"]] = msg
-                    self._event(pod, "FailedScheduling", msg, "Warning")
-                    self._patch_pod_status(meta["namespace"], meta["name"], {"phase": "Pending", "conditions": [
-                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg,
-                         "lastTransitionTime": now(), "lastProbeTime": None}]})
-                continue
-            body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"], "uid": meta["uid"]},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-            try:
-                self.core.create_namespaced_pod_binding(meta["name"], meta["namespace"], body, _preload_content=False)
-            except ApiException as exc:
-                if exc.status not in (404, 409):
-                    raise
-                continue
-            pod["spec"]["nodeName"] = node
-            live.append(pod)
-            used[node] += gpus_requested(pod)
-            self._event(pod, "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}")
-
-    def _missing_claim(self, pod: dict[str, Any]) -> str | None:
-        from kubernetes.client.exceptions import ApiException
-
-        for v in pod["spec"].get("volumes") or []:
-            if "persistentVolumeClaim" in v:
-                claim = v["persistentVolumeClaim"]["claimName"]
-                try:
-                    self.core.read_namespaced_persistent_volume_claim(claim, pod["metadata"]["namespace"])
-                except ApiException as exc:
-                    if exc.status == 404:
-                        return f'persistentvolumeclaim "{claim}" not found'
-                    raise
-        return None
 
     # ---- volumes ----
     def _materialise_volumes(self, run: _Pod) -> dict[str, str]:
@@ -829,7 +792,13 @@ class ProcessKubelet:
         env = resolve_env(spec, pod, base, lambda n: self._configmap(run.ns, n), lambda n: self._secret(run.ns, n))
         argv = container_argv(spec, image, env)
         labels = pod["metadata"].get("labels") or {}
-        if not c.init and labels.get(ENGINE_LABEL[0]) == ENGINE_LABEL[1]:
+        if not c.init and labels.get(ENGINE_LABEL[0]) == ENGINE_LABEL[1] and c.name != "engine":
+            # the engine pod's telemetry sidecar: on loopback every pod's would want the same host port, so it
+            # idles here (its sampler is tested on its own: tests/test_telemetry.py)
+            # (it exits on SIGTERM as the real sampler does: PID 1 of its container ignores unhandled signals)
+            argv = [self.python, "-c", "import signal, sys, time\n"
+                    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\nwhile True: time.sleep(3600)"]
+        elif not c.init and labels.get(ENGINE_LABEL[0]) == ENGINE_LABEL[1]:
             # the table's "engine" entry: behaviour per start of an engine container (every pod, every restart)
             behaviour = choose_behaviour(self.standins.get(ENGINE_STANDIN) or [],
                                          self._attempt(f"{ENGINE_STANDIN}/{run.ns}/{run.name}/{c.name}",

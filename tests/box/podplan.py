@@ -1,9 +1,8 @@
 """Pure plans of the box's process kubelet (:mod:`box.kubelet`): no API calls, no processes.
 
 What a pod's container runs (image table, command/args rules, stand-in rewrite), with
-what environment (env, envFrom, fieldRef, ``$(VAR)``), with which bind mounts, on which
-node (nodeSelector, required node affinity and pod anti-affinity on the hostname, GPU
-count), and the pod status it reports (phase, conditions, container statuses).
+what environment (env, envFrom, fieldRef, ``$(VAR)``), with which bind mounts, and the
+pod status it reports (phase, conditions, container statuses).
 """
 
 from __future__ import annotations
@@ -19,13 +18,12 @@ from typing import Any
 
 __all__ = ["LOOPBACK", "HOST_PATH", "GPU", "ImageRun", "Mount", "ConfigError", "ContainerRun", "find_image",
            "expand_refs", "field_ref", "format_map", "go_quote", "resolve_env", "container_argv", "mount_plan",
-           "hosts_text", "downward_files", "gpus_requested", "node_fits", "task_path", "standin_key", "standin_behaviours",
+           "hosts_text", "downward_files", "task_path", "standin_key", "standin_behaviours",
            "choose_behaviour", "standin_argv", "engine_argv", "container_status", "pod_phase", "pod_status"]
 
 LOOPBACK = "127.0.0.1"
 HOST_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 GPU = "nvidia.com/gpu"
-HOSTNAME = "kubernetes.io/hostname"
 STEP_LABEL = "gauntlet.dev/step"
 NODE_NAME_ANNOTATION = "workflows.argoproj.io/node-name"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
@@ -248,61 +246,6 @@ def downward_files(items: Sequence[dict[str, Any]], pod: dict[str, Any], contain
     return out
 
 
-def gpus_requested(pod: dict[str, Any]) -> int:
-    """A pod's nvidia.com/gpu request as a scheduler counts it: the sum over containers, or the largest init's."""
-    def gpus(c: dict[str, Any]) -> int:
-        r = c.get("resources") or {}
-        return int((r.get("requests") or {}).get(GPU) or (r.get("limits") or {}).get(GPU) or 0)
-    spec = pod.get("spec") or {}
-    return max(sum(gpus(c) for c in spec.get("containers") or []),
-               max((gpus(c) for c in spec.get("initContainers") or []), default=0))
-
-
-def _expr_ok(expr: dict[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-    has = key in labels
-    return {"In": has and labels.get(key) in values, "NotIn": not has or labels.get(key) not in values,
-            "Exists": has, "DoesNotExist": not has,
-            "Gt": has and values and labels[key].isdigit() and int(labels[key]) > int(values[0]),
-            "Lt": has and values and labels[key].isdigit() and int(labels[key]) < int(values[0])}.get(op, False)
-
-
-def selector_matches(selector: dict[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    if selector is None:
-        return False
-    return (all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
-            and all(_expr_ok(e, labels) for e in selector.get("matchExpressions") or []))
-
-
-def node_fits(pod: dict[str, Any], node: str, node_labels: Mapping[str, str], gpus_free: int,
-              pods_on_node: Sequence[dict[str, Any]]) -> str | None:
-    """None when the pod fits the node, else why not (in the scheduler's words)."""
-    spec = pod.get("spec") or {}
-    if any(node_labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
-        return "didn't match Pod's node affinity/selector"
-    req = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-           .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = req.get("nodeSelectorTerms") or []
-    fields = {"metadata.name": node}
-    if terms and not any(all(_expr_ok(e, node_labels) for e in t.get("matchExpressions") or [])
-                         and all(_expr_ok(e, fields) for e in t.get("matchFields") or []) for t in terms):
-        return "didn't match Pod's node affinity/selector"
-    if gpus_requested(pod) > gpus_free:
-        return f"Insufficient {GPU}"
-    anti = (((spec.get("affinity") or {}).get("podAntiAffinity") or {})
-            .get("requiredDuringSchedulingIgnoredDuringExecution") or [])
-    ns = pod["metadata"]["namespace"]
-    for term in anti:
-        if term.get("topologyKey") != HOSTNAME:
-            continue
-        namespaces = term.get("namespaces") or [ns]
-        if any(o["metadata"]["namespace"] in namespaces
-               and selector_matches(term.get("labelSelector"), o["metadata"].get("labels") or {})
-               for o in pods_on_node):
-            return "didn't match pod anti-affinity rules"
-    return None
-
-
 def standin_key(pod: dict[str, Any]) -> str:
     """What attempts of one Argo task share: the workflow and the node name without its retry suffix ``(n)``."""
     meta = pod["metadata"]
@@ -353,6 +296,8 @@ def standin_argv(argv: Sequence[str], python: str, script: str, step: str, behav
     """Replace the command after the emissary's ``--`` (the whole argv without one) by the stand-in."""
     head, tail = (list(argv[:argv.index("--") + 1]), list(argv[argv.index("--") + 1:])) if "--" in argv \
         else ([], list(argv))
+    if behaviour.get("measure") in ("stand-in", "runner"):    # the real step (runner), part stood in (standin.py)
+        return head + [python, script, "measured", "--behaviour", json.dumps(behaviour, sort_keys=True), "--", *tail]
     out = _flag(tail, "--out") or f"/tmp/standin-{step}"
     return head + [python, script, "step", "--step", step, "--out", out, "--behaviour",
                    json.dumps(behaviour, sort_keys=True)]

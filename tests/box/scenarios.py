@@ -35,13 +35,43 @@ from gauntlet.workflows.graph import build_graph
 from gauntlet.workflows.render import RUN_LABEL, cron_name, render_documents, template_name
 
 __all__ = ["Scenario", "Outcome", "SCENARIOS", "PROFILE", "GPU_STANDINS", "BoxSession",
-           "run_locally", "replay_table", "OTHER_TEAM"]
+           "run_locally", "replay_table", "OTHER_TEAM", "OTHER_NODE", "GENERAL_NODE", "box_nodes", "pool_taints"]
 
 PROFILE = "kimi-k3-h20"
 REPO = Path(__file__).resolve().parents[2]
 DONE = ("Succeeded", "Failed", "Error")
 OTHER_TEAM = {"team": "other-team"}            # labels of the objects gauntlet must never touch
-OTHER_NODE = "team-b-node"
+OTHER_NODE = "team-b-node"                     # another team's GPU node (tainted as GPU nodes are)
+GENERAL_NODE = "box-general"                   # the cluster's general pool: no GPUs, no taints
+# the taint GPU node pools commonly carry (GKE puts it on every GPU node); another team's node has it
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def pool_taints(profile: Any) -> list[dict[str, str]]:
+    """The pool nodes' taints, made from the profile's tolerations: what a cluster that needs them has.
+
+    ``Exists`` tolerates any value of its key: the taint gets the value ``present``; a toleration without an
+    effect tolerates every effect: the taint is ``NoSchedule``; one without a key tolerates every taint and
+    says nothing about the pool's, so it makes none."""
+    taints = []
+    for t in profile.hardware.tolerations:
+        if not t.key:
+            continue
+        value = "present" if t.operator == "Exists" else (t.value or "")
+        taints.append({"key": t.key, "value": value, "effect": t.effect or "NoSchedule"})
+    return taints
+
+
+def box_nodes(profile: Any) -> dict[str, Any]:
+    """The process kubelet's nodes for a profile: its pool nodes (its GPUs, taints from its tolerations),
+    another team's GPU node (same GPUs, the common GPU taint) and a general node without GPUs or taints,
+    where the pods that need no pool node (report, regress, cleanup, the janitor) are scheduled."""
+    pool = [n.name for n in profile.hardware.nodes]
+    taints = pool_taints(profile)
+    rdma = profile.hardware.fabric.rdma_resource        # the pool's RDMA device plugin, as on the cluster
+    return {"nodes": [*pool, OTHER_NODE, GENERAL_NODE], "gpus_per_node": profile.hardware.gpus_per_node,
+            "node_gpus": {GENERAL_NODE: 0}, "taints": {**{n: taints for n in pool}, OTHER_NODE: [GPU_TAINT]},
+            "extended": {n: {rdma: "64"} for n in pool} if rdma else {}}
 
 PASS: dict[str, Any] = {"exit": 0}
 # The gates that need GPUs (or the engine image) and are played on the box.
@@ -49,8 +79,15 @@ GPU_STANDINS: dict[str, list[dict[str, Any]]] = {
     "engine-check": [PASS], "nodes": [PASS], "network": [PASS], "smoke": [PASS],
     "perf": [{"exit": 0, "outputs": {"unlock_C32": "false"}}],
     "longctx": [{"exit": 0, "outputs": {"unlock_all_lower": "false"}}],
-    "experiment": [PASS],
+    "experiment": [PASS], "experiment-baseline": [PASS],
 }
+# Gate 6 for real but for the bench client (box/standin.py `measured`): the experiment deploys its variant
+# (server-side apply under the rendered Role, placed by the scheduler, ranks played by the stand-in engine),
+# measures it with a stand-in client and tears that variant down; the baseline's phases the same way
+MEASURED: dict[str, Any] = {"measure": "stand-in"}
+# A file both the perf step's pod and the engine's pods see (the checkout is visible in every box container):
+# the stand-in bench client creates it, the engine stand-in of rank 1 then exits (box/standin.py)
+RANK_CRASH_SIGNAL = str(REPO / "build" / "box-signals" / f"rank-crash-{time.time_ns()}")
 
 
 @dataclass(frozen=True)
@@ -95,6 +132,21 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("stop-mid-run", plays={"sglang/perf": [{"exit": 0, "after_s": 25}]}, stop_after="sglang/perf",
              expect_phase="Failed", expect={"sglang/deploy": "Succeeded", "cleanup": "Succeeded"},
              local_counterpart=False),
+    # Gate 6 never holds two engines' GPUs: the baseline runs its phases, is released, then each variant in turn
+    # perf runs for real too (bench client stood in): its evidence is the variants' measure-phase baseline
+    Scenario("gate6-one-engine-at-a-time", plays={"experiment": [MEASURED], "experiment-baseline": [MEASURED],
+                                                  "sglang/perf": [MEASURED]},
+             expect={"sglang/baseline-phases": "Succeeded", "sglang/release-baseline": "Succeeded",
+                     "sglang/exp-prefix-cache": "Succeeded", "sglang/exp-dspark": "Succeeded",
+                     "sglang/exp-hicache": "Succeeded", "sglang/teardown": "Succeeded", "cleanup": "Succeeded"}),
+    # The real perf step (bench client stood in) while rank 1 of the engine crashes and its kubelet restarts
+    # it: the rank watch fails perf with "rank 1 restarted during perf" instead of a later, wrong cause
+    Scenario("rank-restarts-during-perf", expect_phase="Failed",
+             plays={"engine": [{"exit": 137, "on_file": RANK_CRASH_SIGNAL, "ranks": [1]}, {}],
+                    "sglang/perf": [{**MEASURED, "touch": RANK_CRASH_SIGNAL, "hold_s": 20}]},
+             expect={"sglang/deploy": "Succeeded", "sglang/smoke": "Succeeded", "sglang/perf": "Failed",
+                     "sglang/longctx": "Omitted", "sglang/teardown": "Omitted", "sglang": "Failed",
+                     "cleanup": "Succeeded"}),
 )
 
 
@@ -137,20 +189,18 @@ class BoxSession:
         self.ns = self.profile.namespace
         self.docs = render_documents(self.profile)
         self.pods_seen: dict[str, dict[str, Any]] = {}
+        self.pod_events: list[tuple[float, str, dict[str, Any]]] = []     # (monotonic time, ADDED/MODIFIED/DELETED, pod)
         self._watch = threading.Thread(target=self._watch_pods, daemon=True)
         self._stop = threading.Event()
 
     # set-up -------------------------------------------------------
     def prepare(self) -> None:
-        from gauntlet.steps.synth import synth_from_profile
-        from gauntlet.steps._marker import write_marker
+        from gauntlet.steps.model.synth import synth_from_profile
+        from gauntlet.steps.model.marker import write_marker
 
         box = self.box
         box.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.ns}})
-        # the runs volume every step mounts at /runs (the kubelet gives an unbound claim a directory)
-        box.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                   "metadata": {"name": self.profile.runs_pvc, "namespace": self.ns},
-                   "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+        self._runs_volume()
         for _name, doc in self.docs.items():
             for d in doc if isinstance(doc, list) else [doc]:
                 box.apply(d)
@@ -170,6 +220,26 @@ class BoxSession:
         self.apply_other_team()
         self._watch.start()
 
+    def _runs_volume(self) -> None:
+        """The runs volume every step mounts at /runs: a claim pre-bound to a hostPath PV (the kubelet's claim
+        dir), bound by kube-controller-manager's PV binder, as an administrator's static volume is. The
+        scheduler places no pod whose claim is unbound."""
+        claim = self.profile.runs_pvc
+        modes = [getattr(self.profile, "runs_access_mode", "ReadWriteMany")]     # the profile's, as lint checks
+        pv = f"{self.ns}-{claim}"
+        self.box.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+                        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": modes, "storageClassName": "",
+                                 "persistentVolumeReclaimPolicy": "Retain",
+                                 "hostPath": {"path": str(self.kubelet.claim_dir(self.ns, claim)),
+                                              "type": "DirectoryOrCreate"},
+                                 "claimRef": {"namespace": self.ns, "name": claim}}})
+        self.box.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": claim, "namespace": self.ns},
+                        "spec": {"accessModes": modes, "storageClassName": "", "volumeName": pv,
+                                 "resources": {"requests": {"storage": "1Gi"}}}})
+        wait_for(lambda: (self.box.request("GET", f"/api/v1/namespaces/{self.ns}/persistentvolumeclaims/{claim}")[1]
+                          .get("status") or {}).get("phase") == "Bound", 60, f"claim {claim} bound to {pv}")
+
     def model_cache(self, node: str) -> Path:
         return self.node_roots[node] / self.profile.model.host_cache_path.lstrip("/")
 
@@ -182,6 +252,8 @@ class BoxSession:
                                  "selector": {"matchLabels": labels},
                                  "template": {"metadata": {"labels": labels}, "spec": {
                                      "nodeSelector": {"kubernetes.io/hostname": OTHER_NODE},
+                                     "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists",
+                                                      "effect": GPU_TAINT["effect"]}],
                                      "containers": [{"name": "serve", "image": "team-b/serving:1",
                                                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
 
@@ -203,6 +275,7 @@ class BoxSession:
                 for ev in watch.Watch().stream(core.list_namespaced_pod, self.ns, timeout_seconds=5):
                     pod = api.sanitize_for_serialization(ev["object"])
                     self.pods_seen.setdefault(pod["metadata"]["uid"], pod)
+                    self.pod_events.append((time.monotonic(), ev["type"], pod))
                     if self._stop.is_set():
                         return
             except Exception:   # noqa: BLE001 - the watcher must outlive a restarting API server

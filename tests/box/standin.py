@@ -7,6 +7,17 @@ exits with the behaviour's code. A behaviour is ``{"exit": 75, "status": "error"
 "after_s": 0, "outputs": {...}, "detail": "..."}``; every key is optional (exit 0, the
 status that exit code means, no wait, no extra outputs).
 
+``standin.py measured --behaviour JSON -- gauntlet step S ...``: runs the REAL step S (Gate 6's
+experiment and experiment-baseline: its deploy, readiness, teardown and evidence) with only the bench
+client replaced: every request set "completes" at once with the same fixed figures, so no vLLM client,
+tokenizer or GPU is needed and the comparison is noise (keep baseline). Chosen by a behaviour
+``{"measure": "stand-in"}`` in the kubelet's table.
+
+``{"measure": "runner", "exit": 1, "outputs": {...}}``: the real step runner (``gauntlet step S ...``:
+its options, the engine check before a gate that judges the engine, the rank watch, the verdict) with only the
+gate's own judgement played: it returns the behaviour's status and outputs. So a retried smoke, perf or longctx
+on the box redeploys a released engine through the real code (steps/gates/engine_present.py).
+
 ``standin.py engine --port P --rank R --served-name N [--host A]``: plays an engine rank. Rank 0
 serves ``/health``, ``/v1/models`` and ``/v1/completions`` on A:P (A: 127.0.0.1 unless given); other ranks
 sleep. ``--behaviour '{"exit": 1, "after_s": 2}'`` makes a rank exit with that code after that
@@ -18,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -52,6 +65,53 @@ def run_step(step: str, out: Path, behaviour: dict) -> int:
     write_outputs(out, verdict)
     print(f"{step}: {status.upper()} (stand-in, exit {code})", flush=True)
     return code
+
+
+def run_measured(argv: list[str], behaviour: dict | None = None) -> int:
+    """The real ``gauntlet step ...`` of ``argv`` (after ``gauntlet``) with the bench client stood in for.
+
+    ``behaviour["touch"]``: the stand-in client creates that file on its first request set and then takes
+    ``hold_s`` seconds (an engine stand-in with ``on_file`` crashes meanwhile, and its kubelet restarts it)."""
+    behaviour = behaviour or {}
+    sys.path.insert(0, str(REPO))
+    from gauntlet.steps.gates import perf
+    from gauntlet.steps.client.bench import ClientRun, client_argv
+    from gauntlet.workflows.cli import main as gauntlet
+
+    def run_client(req, python=None):             # noqa: ANN001, ARG001 - perf.run_client's signature
+        argv = client_argv(req)
+        n = req.num_prompts
+        print(f"bench client stand-in: {n} prompts to {argv[argv.index('--base-url') + 1]}", flush=True)
+        if behaviour.get("touch") and not Path(behaviour["touch"]).exists():
+            Path(behaviour["touch"]).parent.mkdir(parents=True, exist_ok=True)
+            Path(behaviour["touch"]).write_text("crash a rank now\n")
+            time.sleep(float(behaviour.get("hold_s", 0)))
+        return ClientRun({"completed": n, "failed": 0, "duration": 1.0, "num_prompts": n, "output_throughput": 10.0,
+                          "request_throughput": 1.0, "total_input_tokens": n, "total_output_tokens": n,
+                          "p99_ttft_ms": 100.0, "p99_e2el_ms": 1000.0}, 1.0, 1.0, "stand-in")
+
+    if behaviour.get("measure") == "runner":
+        _play_gate(argv[1], behaviour)
+        return gauntlet(argv)
+    perf.run_client = run_client
+    perf.preload_client = lambda: 0.0
+    return gauntlet([*argv, "--no-ceiling"])
+
+
+def _play_gate(step: str, behaviour: dict) -> None:
+    """Replace the gate's ``run`` by the behaviour's verdict (the runner around it stays real)."""
+    from gauntlet.contract import Check
+    from gauntlet.steps import load_step
+
+    code = int(behaviour.get("exit", 0))
+    status = behaviour.get("status") or STATUS_FOR_EXIT.get(code, "error")
+
+    def play(opts, out):            # noqa: ANN001, ARG001 - a gate's run(opts, out)
+        print(f"stand-in {step}: the real runner, the gate's judgement played: {status}", flush=True)
+        return ([Check("standin", status, None, None, f"stand-in judgement for {step} on the box: {status}")],
+                {"standin": True, "outputs": dict(behaviour.get("outputs") or {})})
+
+    load_step(step).run = play         # a stand-in client has no ceiling of its own to measure
 
 
 def _engine_handler(served_name: str) -> type[BaseHTTPRequestHandler]:
@@ -89,9 +149,22 @@ def _engine_handler(served_name: str) -> type[BaseHTTPRequestHandler]:
     return Engine
 
 
+def _exit_when(path: str, rank: int, code: int) -> None:
+    """A rank that serves until ``path`` exists, then exits ``code`` (an engine crashing mid-gate)."""
+    while not Path(path).exists():
+        time.sleep(0.2)
+    print(f"engine stand-in: rank {rank} exits {code}: {path} appeared (a crash while serving)", flush=True)
+    os._exit(code)
+
+
 def run_engine(port: int, rank: int, served_name: str, behaviour: dict | None = None, host: str = "127.0.0.1") -> int:
     print(f"engine stand-in: rank {rank}, port {port}, model {served_name}", flush=True)
-    if behaviour and "exit" in behaviour:
+    if behaviour and "ranks" in behaviour and rank not in behaviour["ranks"]:
+        behaviour = None                          # the behaviour is for other ranks: this one serves
+    if behaviour and "exit" in behaviour and "on_file" in behaviour:
+        threading.Thread(target=_exit_when, args=(behaviour["on_file"], rank, int(behaviour["exit"])),
+                         daemon=True).start()
+    elif behaviour and "exit" in behaviour:
         time.sleep(float(behaviour.get("after_s", 0)))
         print(f"engine stand-in: rank {rank} exits {behaviour['exit']} during start-up", flush=True)
         return int(behaviour["exit"])
@@ -112,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--step", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--behaviour", default="{}")
+    m = sub.add_parser("measured")
+    m.add_argument("--behaviour", default="{}")
+    m.add_argument("command", nargs=argparse.REMAINDER)
     e = sub.add_parser("engine")
     e.add_argument("--port", type=int, required=True)
     e.add_argument("--rank", type=int, default=0)
@@ -121,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.what == "step":
         return run_step(a.step, Path(a.out), json.loads(a.behaviour))
+    if a.what == "measured":
+        command = a.command[a.command.index("step"):] if "step" in a.command else a.command
+        print(f"stand-in measured: the real {' '.join(command[:2])} with the bench client stood in for", flush=True)
+        return run_measured(command, json.loads(a.behaviour))
     return run_engine(a.port, a.rank, a.served_name, json.loads(a.behaviour), a.host)
 
 

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gauntlet.contract import Check
-from gauntlet.steps import Needs, _deploy_local, cleanup
-from gauntlet.steps._engine_local import LocalEngine, free_port
+from gauntlet.steps import Needs
+from gauntlet.steps.backends.local import deploy as _deploy_local
+from gauntlet.steps.gates import cleanup
+from gauntlet.steps.engines.local_vllm import LocalEngine, free_port
 from gauntlet.steps.options import GateOptions, add_options, option
 from gauntlet.steps.runner import run_step
 
@@ -69,7 +71,7 @@ def _engine(args, out):
 
 def _teardown(args, out):
     # the real local teardown; its options need only the engine (the fake graph's engines are not all the profile's)
-    return _deploy_local.teardown(types.SimpleNamespace(engine=args.engine), out)
+    return _deploy_local.teardown(types.SimpleNamespace(engine=args.engine, variant=None), out)
 
 
 MODULES = {"fake-pass": Fake("fake-pass", _pass), "perf": Fake("perf", _pass), "fake-fail": Fake("fake-fail", _fail),

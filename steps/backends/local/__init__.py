@@ -1,0 +1,1 @@
+"""The local back end: engines as processes on this machine."""

@@ -1,0 +1,1 @@
+"""Talking to a served engine: HTTP, streaming, replies, the bench client and the metrics sampler."""

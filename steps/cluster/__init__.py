@@ -1,0 +1,1 @@
+"""The cluster's facts: GPUs, fabric, NCCL, telemetry, the engine's ranks."""

@@ -1,0 +1,1 @@
+"""The evidence: the results store, statistics, run metadata and the report."""

@@ -1,0 +1,1 @@
+"""The gates: one module per gate (gauntlet.steps.STEPS names them)."""

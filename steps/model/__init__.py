@@ -1,0 +1,1 @@
+"""The model and its cache: zero-GPU integrity checks, the completion marker, local models."""
