@@ -237,13 +237,26 @@ def test_active_deadline_reached_exit_handler_cleans(box_session):
     started = _epoch(wf["status"]["startedAt"])
     out = outcome(s, wf)
     assert out.phase == "Failed", out.tasks
-    assert out.tasks.get("cleanup") == "Succeeded", f"the exit handler did not clean after the deadline: {out.tasks}"
-    wait_released(s, uid, timeout_s=30)
+    # Argo v4.0.5 may mark the exit handler's attempt Failed as "Step exceeded its deadline" while it is still
+    # Pending (seen on a loaded machine): failNodesWithoutCreatedPodsAfterDeadlineOrShutdown (operator.go) spares
+    # nodes IsPartOfExitHandler recognises, which walks BoundaryID up to a node named `<wf>.onExit`; the retry
+    # child `<wf>.onExit(0)` of a top-level exit handler has no BoundaryID, so it is not spared. Its pod carries
+    # the on-exit label, which exec_control.go exempts from the deadline, so it runs to the end anyway: the
+    # workflow is then Failed before cleanup finishes. What must hold either way: cleanup ran, passed, released.
+    exit_nodes = {n.get("displayName"): n for n in wf["status"]["nodes"].values()
+                  if str(n.get("displayName", "")).startswith(f"{name}.onExit")}
+    if out.tasks.get("cleanup") != "Succeeded":
+        first = exit_nodes.get(f"{name}.onExit(0)") or {}
+        assert out.tasks.get("cleanup") == "Failed" and first.get("message") == "Step exceeded its deadline", (
+            f"the exit handler did not clean after the deadline: {out.tasks}, {exit_nodes}")
+    wait_released(s, uid, timeout_s=60)
     released_wall = time.time()
+    verdict = out.run_dir / "cleanup" / "verdict.json"
+    until(verdict.exists, 60, f"the exit handler's verdict {verdict}")
     assert cleanup_verdict(out)["status"] == "pass"
     record("active-deadline", backend="argo", released=True,
            seconds=round(released_wall - (started + deadline_s), 1),
-           deadline_s=deadline_s, message=wf["status"].get("message"),
+           deadline_s=deadline_s, message=wf["status"].get("message"), cleanup_node=out.tasks.get("cleanup"),
            exit_status=cleanup_verdict(out)["metrics"].get("workflow_status"))
 
 

@@ -31,8 +31,9 @@ from gauntlet.workflows.render import render_documents
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = sorted(p.stem for p in (REPO / "params" / "profiles").glob("*.yaml"))
 # Tasks whose flags parse but whose options the gate refuses, once they run, for a reason of the profile: h200-1gpu
-# has no model.source_path, so its prewarm (run only with the workflow parameter prewarm=true, which its graph
-# still offers) stops at Gate 0 with this one-line error. Drop an entry once the graph no longer offers it.
+# has no model.source_path, so its prewarm would stop at Gate 0 with this one-line error; it runs only with the
+# workflow parameter prewarm=true, which that graph's enum no longer offers and its params step refuses
+# (tests/test_params_step.py). Drop an entry once the graph no longer has the task.
 REFUSED = {("h200-1gpu", "prewarm-0"): "prewarm: no --src and the profile has no model.source_path"}
 
 

@@ -123,3 +123,16 @@ def test_owner_reference_only_for_this_run_in_its_namespace(monkeypatch):
     assert workflow_owner("gauntlet", "uid-2") is None
     monkeypatch.delenv("GAUNTLET_WORKFLOW")
     assert workflow_owner("gauntlet", "uid-1") is None
+
+
+def test_prewarm_is_offered_only_where_the_profile_names_a_source():
+    """h200-1gpu names no model.source_path: its prewarm would stop at Gate 0 ("no --src"), so the template
+    offers prewarm=false only and the run's first step refuses true, before Gate 0 begins."""
+    one_gpu = build_graph(load_profile("h200-1gpu"), "argo")
+    task = one_gpu.main.task(PARAMS_TASK)
+    allowed = task.args[task.args.index("--allowed") + 1:]
+    assert "prewarm=one-of:false" in allowed and "prewarm=one-of:false|true" in _allowed()
+    with pytest.raises(UsageError, match=r"parameter prewarm='true': must be one of false$"):
+        step.Options(given=_given(prewarm="true"), allowed=allowed)
+    step.Options(given=_given(prewarm="false"), allowed=allowed)
+    assert one_gpu.parameters["prewarm"][1] == ("false",)

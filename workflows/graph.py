@@ -490,7 +490,12 @@ def _parameters(profile: Profile) -> dict[str, tuple[str, tuple[str, ...] | None
         "engines": ("both" if len(profile.engines) > 1 else profile.baseline_engine,
                     ("both", *profile.engine_order()) if len(profile.engines) > 1 else (profile.baseline_engine,),
                     "which engine sequences run: the baseline, the experimental engine, or both"),
-        "prewarm": ("false", ("false", "true"), "copy the model from CFS to each node's NVMe cache first"),
+        # a profile that names no model.source_path has nothing to copy: prewarm=true is refused at submit's
+        # first step (params) and offered nowhere in the UI, instead of failing at prewarm after Gate 0 began
+        "prewarm": (("false", ("false", "true"), "copy the model from CFS to each node's NVMe cache first")
+                    if profile.model.source_path else
+                    ("false", ("false",), "copy the model to each node's NVMe cache first: not on this profile "
+                                          "(it names no model.source_path)")),
         "run-dir": (f"/runs/{refs.workflow('uid')}", None, "where every gate writes its evidence"),
         "results-uri": (profile.results_uri, None, "results store (pyarrow filesystem URI)"),
         "retry-backoff": ("30s", None, "first wait before Argo retries a step that exited 75 (then x2 per retry)"),

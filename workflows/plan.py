@@ -243,6 +243,8 @@ def _fixed(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
 def _prewarm(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
     if ctx.rates.orch == "local":
         return _fixed(ctx, task, engine)
+    if not ctx.profile.model.source_path:
+        return _Est(0.0, "never: the profile names no model.source_path (prewarm=false only)")
     wb = ctx.profile.model.weight_bytes or 0
     s = wb / (ctx.rates.storage("copy_gbps") * 1e9)
     return _Est(s, f"{wb / 1e12:.3g} TB copied to this node (only with prewarm=true)")
