@@ -486,7 +486,7 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
 def _parameters(profile: Profile) -> dict[str, tuple[str, tuple[str, ...] | None, str]]:
     """The workflow's parameters: name -> (default, enum, description); one without an enum has a
     PARAMETER_RULES entry (the params step checks every value given against one or the other)."""
-    params = {
+    params: dict[str, tuple[str, tuple[str, ...] | None, str]] = {
         "engines": ("both" if len(profile.engines) > 1 else profile.baseline_engine,
                     ("both", *profile.engine_order()) if len(profile.engines) > 1 else (profile.baseline_engine,),
                     "which engine sequences run: the baseline, the experimental engine, or both"),
