@@ -44,8 +44,10 @@ venv: $(VENV)/.installed $(VENV)/.linked
 run: venv render
 	$(VENV)/bin/gauntlet run --profile $(PROFILE)
 
+# the Kimi K3 template is rendered from stand-in image digests until someone re-pins them (params/images.yaml):
+# allowed here, and named in the template's gauntlet.dev/unverified-images annotation; `make lint` refuses them
 render: venv
-	$(VENV)/bin/gauntlet render --profile $(TARGET) --out build
+	$(VENV)/bin/gauntlet render --profile $(TARGET) --out build --allow-unverified-images
 
 ## make test: ruff, then every test (the real-engine tests included). The venv and the box's Go build
 ## (standard library Python only) run side by side: on a fresh machine each takes minutes, and the box's

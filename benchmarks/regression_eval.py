@@ -9,6 +9,12 @@ Evaluate (docs/regression.md has the table and the exact command)::
 
     .venv-bench/bin/python benchmarks/regression_eval.py evaluate benchmarks/data/noise-local-cpu.json
 
+The three policies as users meet them (ours, PyTorch HUD's vLLM policy, SGLang's nightly policy), each as
+published, on the same nights: false alarms per 100 nights and the smallest step each finds (docs/regression.md,
+"Our verdict beside HUD's and SGLang's")::
+
+    .venv/bin/python benchmarks/regression_eval.py policies benchmarks/data/noise-local-cpu.json
+
 Series: the recorded rounds (bootstrapped: a night is 3 rounds drawn from the pool) and synthetic
 rounds at a coefficient of variation of 1%, 2% and 5% per round (both throughputs share one draw,
 as both are counts over one duration; the three latencies draw their own). A trial is a history of
@@ -303,6 +309,177 @@ def offsets(centre: np.ndarray, window: int, rule: Rule, trials: int, rng: np.ra
     return "\n".join(lines)
 
 
+# ---- the three policies as published, on the same nights ------------------------------------------------
+#
+# PyTorch HUD's benchmark regression report, its vLLM config (pytorch/test-infra,
+# aws/lambda/benchmark_regression_summary_report/common/config.py, PYTORCH_X_VLLM_BENCHMARK_CONFIG, added in
+# 165c8ed9f; the rule in common/regression_utils.py and common/config_model.py RegressionPolicy): a baseline
+# window of the 3 days before a comparison window of the last 3 days; the baseline value is the baseline point
+# nearest the median of that window; each comparison point is a violation when a throughput is below 0.8 x the
+# baseline ("greater_equal", 0.8) or a latency above 1.2 x ("less_equal", 1.20); regression when the last 2 or
+# more points in a row are violations, suspicious when a run of 3 or more is not at the end, insufficient_data
+# below 2 points (min_points=2) or with no baseline point. One nightly point per day.
+HUD_BASE_NIGHTS, HUD_CMP_NIGHTS, HUD_TPUT, HUD_LAT, HUD_MIN_POINTS = 3, 3, 0.80, 1.20, 2
+# SGLang's nightly (sgl-project/sglang, scripts/ci_monitor/ci_performance_regression.py,
+# analyze_performance_regressions): the baseline is the mean of the 10 runs before the latest; a throughput more
+# than 10% below it, or a latency more than 10% above it, is a regression; a job with fewer than 11 runs is not
+# judged. (SGL_RUNS, SGL_REL above.)
+NEW_NIGHTS = 5                                    # the step lasts this many nights
+STEP_GRID = (0.02, 0.03, 0.05, 0.075, 0.10, 0.15, 0.20, 0.30)
+DETECT = 0.90                                     # "found": in at least this share of trials
+
+
+def hud_policy(nv: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(regression, suspicious), each (trials, metrics), of HUD's vLLM policy at night ``n`` over night values
+    ``nv`` (trials, nights, metrics)."""
+    cmp = nv[:, n - HUD_CMP_NIGHTS + 1:n + 1]                          # the comparison window, tonight last
+    base_win = nv[:, n - HUD_CMP_NIGHTS - HUD_BASE_NIGHTS + 1:n - HUD_CMP_NIGHTS + 1]
+    med = np.median(base_win, axis=1, keepdims=True)
+    nearest = np.take_along_axis(base_win, np.abs(base_win - med).argmin(axis=1)[:, None], axis=1)  # a real point
+    ratio = np.where(DIRECTION > 0, HUD_TPUT, HUD_LAT)
+    flags = np.where(DIRECTION > 0, cmp < nearest * ratio, cmp > nearest * ratio)    # (trials, points, metrics)
+    trailing = flags[:, -1] & flags[:, -2]
+    longest3 = np.zeros_like(trailing)
+    for i in range(flags.shape[1] - 2):
+        longest3 |= flags[:, i] & flags[:, i + 1] & flags[:, i + 2]
+    return trailing, longest3 & ~trailing
+
+
+def sglang_policy(nv: np.ndarray, n: int) -> np.ndarray:
+    """SGLang's nightly policy at night ``n``: (trials, metrics) regression."""
+    base = nv[:, n - SGL_RUNS:n].mean(axis=1)
+    change = (nv[:, n] - base) / base
+    return np.where(DIRECTION > 0, change < -SGL_REL, change > SGL_REL)
+
+
+def ours_policy(x: np.ndarray, n: int, window: int, rule: Rule, metrics: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(regressed, suspicious) of steps/gates/regress.py's own judge at night ``n``, (trials, len(metrics)): the
+    history's nights and rounds as the step reads them from the store, tonight's confirmation rounds as the
+    confirm stage measures them (used only where tonight is suspected)."""
+    trials = len(x)
+    mi = [MET.index(m) for m in metrics]
+    sub = {m: METRICS[m] for m in metrics}
+    nv = np.median(x[:, :, :NIGHT_ROUNDS], axis=2)
+    cv = np.median(x[:, n, NIGHT_ROUNDS:NIGHT_ROUNDS + rule.confirm_rounds], axis=1)
+    reg, sus = np.zeros((trials, len(mi)), bool), np.zeros((trials, len(mi)), bool)
+    key = ("e", "c")
+    for t in range(trials):
+        hist = [dict(zip(metrics, v)) for v in nv[t, n - window:n][:, mi].tolist()]
+        rounds = [dict(zip(metrics, r)) for r in x[t, n - window:n, :NIGHT_ROUNDS][:, :, mi].transpose(0, 2, 1).tolist()]
+        labels = judge({key: dict(zip(metrics, nv[t, n, mi].tolist()))}, {key: hist}, rule, metrics=sub,
+                       confirm={key: (dict(zip(metrics, cv[t, mi].tolist())), rule.confirm_rounds)},
+                       night_rounds=NIGHT_ROUNDS, history_rounds={key: rounds})
+        for lb in labels:
+            j = metrics.index(lb.metric)
+            reg[t, j], sus[t, j] = lb.verdict == "regressed", lb.verdict == "suspicious"
+    return reg, sus
+
+
+def _first_night(alarm: np.ndarray) -> np.ndarray:
+    """(trials, nights) alarms -> the first night with one (1-based), NEW_NIGHTS + 1 where none."""
+    hit = alarm.any(axis=1)
+    return np.where(hit, alarm.argmax(axis=1) + 1, NEW_NIGHTS + 1)
+
+
+def policy_rows(s: Series, window: int, rule: Rule, grid_trials: int) -> list[dict]:
+    """Every policy on the same nights: false alarms with no change (each of the NEW_NIGHTS nights after the
+    history, every metric), and for each step of the grid (both throughputs, from the first new night on, its
+    confirmation rounds too) the night each policy first calls output throughput regressed."""
+    first_new = window
+    x0 = s.rounds
+    nv0 = np.median(x0[:, :, :NIGHT_ROUNDS], axis=2)
+    fa: dict[str, list[np.ndarray]] = {"ours": [], "ours_suspicious": [], "hud": [], "hud_suspicious": [],
+                                       "sglang": []}
+    for n in range(first_new, first_new + NEW_NIGHTS):
+        reg, sus = ours_policy(x0, n, window, rule, MET)
+        h_reg, h_sus = hud_policy(nv0, n)
+        fa["ours"].append(reg)
+        fa["ours_suspicious"].append(sus)
+        fa["hud"].append(h_reg)
+        fa["hud_suspicious"].append(h_sus)
+        fa["sglang"].append(sglang_policy(nv0, n))
+    stacked = {k: np.stack(v, axis=1) for k, v in fa.items()}              # (trials, nights, metrics)
+    rows = []
+    for key, name in (("ours", "ours (suspect, confirm on 6 fresh rounds)"),
+                      ("hud", "PyTorch HUD, vLLM policy (median-nearest of 3 nights; x0.8 / x1.2; 2 in a row)"),
+                      ("sglang", "SGLang nightly (mean of the previous 10 runs; 10%)")):
+        a = stacked[key]
+        row: dict = {"series": s.name, "policy": name, "key": key, "trials": len(x0),
+                     "fa_metric": float(a.mean()), "fa_night": float(a.any(axis=2).mean()),
+                     "fa_tput": float(a[..., TPUT[0]].mean())}
+        if f"{key}_suspicious" in stacked:
+            row["suspicious_metric"] = float(stacked[f"{key}_suspicious"].mean())
+        rows.append(row)
+    sub = x0[:grid_trials]
+    for step in STEP_GRID:
+        x = with_step(Series(s.name, sub, s.sigma), step, first_new)
+        nv = np.median(x[:, :, :NIGHT_ROUNDS], axis=2)
+        nights = range(first_new, first_new + NEW_NIGHTS)
+        alarms = {"ours": np.stack([ours_policy(x, n, window, rule, ["output_throughput"])[0][:, 0] for n in nights], 1),
+                  "hud": np.stack([hud_policy(nv, n)[0][:, TPUT[0]] for n in nights], 1),
+                  "sglang": np.stack([sglang_policy(nv, n)[:, TPUT[0]] for n in nights], 1)}
+        for row in rows:
+            row[f"first {step:g}"] = _first_night(alarms[row["key"]]).tolist()
+    return rows
+
+
+def _smallest(row: dict, within: int) -> str:
+    for step in STEP_GRID:
+        if (np.array(row[f"first {step:g}"]) <= within).mean() >= DETECT:
+            return f"{step:.1%}".replace(".0%", "%")
+    return f"none up to {STEP_GRID[-1]:.0%}"
+
+
+def _nights(row: dict, step: float) -> str:
+    """Median and 90th-percentile night of first detection of ``step`` (> NEW_NIGHTS: not within them)."""
+    f = np.array(row[f"first {step:g}"])
+
+    def q(p: float) -> str:
+        v = int(np.ceil(np.quantile(f, p)))
+        return f">{NEW_NIGHTS}" if v > NEW_NIGHTS else str(v)
+    return f"{q(0.5)} / {q(0.9)}"
+
+
+def policy_table(rows: list[dict]) -> str:
+    head = ("| series | policy | false alarms per 100 nights, per case-metric (throughput alone) | per case-night, "
+            "any of 5 metrics | smallest step found in ≥ 90% of trials: 1st night / within 3 nights | nights to "
+            "detect (median / 90% of trials): 5% step | 10% step | 20% step |")
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        fa = f"{100 * r['fa_metric']:.2f} ({100 * r['fa_tput']:.2f})"
+        if "suspicious_metric" in r:
+            fa += f"; suspicious {100 * r['suspicious_metric']:.2f}"
+        lines.append(f"| {r['series']} | {r['policy']} | {fa} | {100 * r['fa_night']:.2f} | "
+                     f"{_smallest(r, 1)} / {_smallest(r, 3)} | {_nights(r, 0.05)} | {_nights(r, 0.10)} | "
+                     f"{_nights(r, 0.20)} |")
+    return "\n".join(lines)
+
+
+def policies(args: argparse.Namespace) -> None:
+    doc, pool = _noise(args.noise)
+    centre = np.median(pool, axis=0)
+    rng = np.random.default_rng(args.seed)
+    rule = DEFAULT_RULE
+    window = rule.window
+    nights, per_night = window + NEW_NIGHTS, NIGHT_ROUNDS + rule.confirm_rounds
+    series = [recorded_series(pool, args.trials, nights, per_night, rng)]
+    series += [synthetic_series(cv, centre, args.trials, nights, per_night, rng) for cv in (0.01, 0.02, 0.05)]
+    print(f"{len(pool)} valid recorded rounds of {doc.get('case', '?')} ({doc.get('profile', '?')}); "
+          f"{args.trials} trials per series for false alarms ({NEW_NIGHTS} nights each after {window} of history), "
+          f"{min(args.grid_trials, args.trials)} per step of {', '.join(f'{x:.1%}' for x in STEP_GRID)}; seed "
+          f"{args.seed}")
+    t0 = time.perf_counter()
+    rows = []
+    for s in series:
+        rows += policy_rows(s, window, rule, args.grid_trials)
+        print(f"  {s.name}: done at {time.perf_counter() - t0:.0f} s", flush=True)
+    print()
+    print(policy_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, default=float))
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+
+
 def _noise(path: str) -> tuple[dict, np.ndarray]:
     """The record command's output, or a one-line reason it cannot be read."""
     try:
@@ -409,8 +586,14 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--confirm-rounds", type=int, default=None)
     e.add_argument("--offset-trials", type=int, default=2000, help="trials of the night-offset check (0: left out)")
     e.add_argument("--json", default=None, help="also write the rows here")
+    q = sub.add_parser("policies", help="ours, HUD's and SGLang's policies as published, on the same nights")
+    q.add_argument("noise", help="recorded rounds (the record command's output)")
+    q.add_argument("--trials", type=int, default=10000, help="trials per series for the false alarms")
+    q.add_argument("--grid-trials", type=int, default=2000, help="trials per step of the detection grid")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--json", default=None, help="also write the rows here")
     a = p.parse_args(argv)
-    record(a) if a.cmd == "record" else evaluate(a)
+    {"record": record, "evaluate": evaluate, "policies": policies}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ __all__ = [
     "Verdict",
     "Status",
     "STATUSES",
+    "CheckStatus",
+    "CHECK_STATUSES",
     "GauntletError",
     "UsageError",
     "TransientError",
@@ -51,6 +53,10 @@ __all__ = [
 
 Status = Literal["pass", "fail", "skip", "error"]
 STATUSES = ("pass", "fail", "skip", "error")
+# A check may also be a "probe": exploratory, its result recorded and shown, never the verdict's status and never
+# a failure (Gate 5's probe rungs, steps/gates/longctx.py); overall_status counts it as it counts a skip.
+CheckStatus = Literal["pass", "fail", "skip", "error", "probe"]
+CHECK_STATUSES = (*STATUSES, "probe")
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -134,14 +140,14 @@ class Check:
     """One judged fact: what was expected, what was seen, and what to do about it."""
 
     name: str
-    status: Status
+    status: CheckStatus
     expected: Any = None
     observed: Any = None
     detail: str = ""
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"check {self.name}: status {self.status!r} not in {STATUSES}")
+        if self.status not in CHECK_STATUSES:
+            raise ValueError(f"check {self.name}: status {self.status!r} not in {CHECK_STATUSES}")
 
     @classmethod
     def compare(cls, name: str, expected: Any, observed: Any, detail: str = "") -> Check:
@@ -153,7 +159,7 @@ class Check:
 
 
 def overall_status(checks: list[Check]) -> Status:
-    """error beats fail beats pass beats skip; no checks at all is an error."""
+    """error beats fail beats pass beats skip (a probe counts as a skip); no checks at all is an error."""
     if not checks:
         return "error"
     seen = {c.status for c in checks}
@@ -208,7 +214,7 @@ class Verdict:
             raise ValueError(f"metrics is a JSON {_json_kind(metrics)}, not an object")
         checks = []
         for i, c in enumerate(raw_checks):
-            if not isinstance(c, dict) or not isinstance(c.get("name"), str) or c.get("status") not in STATUSES:
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str) or c.get("status") not in CHECK_STATUSES:
                 raise ValueError(f"checks[{i}] is not a check with a name and a status")
             checks.append(Check(c["name"], c["status"], c.get("expected"), c.get("observed"),
                                 "" if c.get("detail") is None else str(c["detail"])))

@@ -71,6 +71,7 @@ TYPED_FLAGS: dict[str, dict[str, str]] = {
         "speculative-draft-model": "args.speculative",
         "disable-custom-all-reduce": "args.disable_custom_all_reduce", "trust-remote-code": "args.trust_remote_code",
         "dtype": "args.dtype", "expert-distribution-recorder-mode": "args.expert_distribution_recorder_mode",
+        "dist-timeout": "dist_timeout_s", "enable-metrics": "gauntlet's sglang adapter",
     },
     "vllm": {
         "model": "model.mount_path", "served-model-name": "model.served_name", "host": _BACKEND, "port": "port",
@@ -90,7 +91,7 @@ TYPED_FLAGS: dict[str, dict[str, str]] = {
         "enable-flashinfer-autotune": "args.flashinfer_autotune",
         "no-enable-flashinfer-autotune": "args.flashinfer_autotune",
         "trust-remote-code": "args.trust_remote_code", "no-trust-remote-code": "args.trust_remote_code",
-        "dtype": "args.dtype",
+        "dtype": "args.dtype", "distributed-timeout-seconds": "dist_timeout_s",
     },
     # llama.cpp 11434's common/arg.cpp (long names; it takes no abbreviations); --kv-unified and --cache-ram
     # are fixed by the adapter, --hf-repo/--model-url would load another model than model.mount_path's

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gauntlet.contract import UsageError
 from gauntlet.params import _messages
@@ -21,6 +21,7 @@ __all__ = ["ProfileError", "load_profile", "profile_path", "list_profiles", "loa
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 IMAGES_FILE = Path(__file__).resolve().parent / "images.yaml"   # package data of gauntlet.params (pyproject)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_ZERO_DIGEST = "sha256:" + "0" * 64          # a placeholder: what a local "image" (a PyPI build) carries
 _PROFILE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")   # a file under params/profiles/
 
 
@@ -92,7 +93,13 @@ def load_profile(name_or_path: str | Path, images: dict[str, ImageRef] | None = 
 
 
 class ImageRef(BaseModel):
-    """An image pinned by its linux/amd64 manifest digest, and the internal tag it syncs to."""
+    """An image pinned by its linux/amd64 manifest digest, and the internal tag it syncs to.
+
+    ``version`` is what the image holds: an engine image's engine as its ``__version__`` says (Gate 0's
+    engine-check fails on another), a step image's gauntlet. ``verified`` is true only for a digest someone
+    read from the registry for that tag (``crane digest``) and synced; a digest written by hand, copied or
+    all zeros is a stand-in (``verified: false``), which ``gauntlet render``/``lint``/``submit`` refuse for
+    a cluster profile (gauntlet.workflows.render ``unverified_images``; docs/cluster.md, "Pinning the images")."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     repository: str
@@ -100,7 +107,10 @@ class ImageRef(BaseModel):
     digest: str = Field(description="linux/amd64 manifest digest, sha256:<64 hex>")
     internal: str = Field(description="internal registry repository:tag the digest is synced to")
     engine: str | None = None
-    version: str | None = None
+    version: str = Field(min_length=1, max_length=64, description="the engine's __version__ (engine images), else "
+                         "the gauntlet version the step image was built from")
+    verified: bool = Field(False, description="true: the digest was read from the registry for this tag and "
+                           "synced; false (the default): a stand-in, refused for a cluster profile")
     fixes: list[str] = []
 
     @field_validator("digest")
@@ -109,6 +119,17 @@ class ImageRef(BaseModel):
         if not _DIGEST.match(v):
             raise ValueError(f"expected a sha256:<64 hex> manifest digest, got {v!r}; pin the image by digest")
         return v
+
+    @model_validator(mode="after")
+    def _zero_is_a_stand_in(self) -> ImageRef:
+        if self.verified and self.stand_in_digest:
+            raise ValueError(f"verified: an all-zero digest is a stand-in, never verified ({self.repository}:"
+                             f"{self.tag}); put the digest the registry gives for the tag")
+        return self
+
+    @property
+    def stand_in_digest(self) -> bool:
+        return self.digest == _ZERO_DIGEST
 
     @property
     def ref(self) -> str:

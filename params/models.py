@@ -35,6 +35,7 @@ __all__ = [
     "Speculative",
     "BenchSpec",
     "BenchCase",
+    "SloSpec",
     "LongContextSpec",
     "Rung",
     "Variant",
@@ -358,7 +359,21 @@ class EngineSpec(Strict):
         "(params/engine_inputs.py)")
     startup_timeout_s: Seconds = 3600
     ready_timeout_s: Seconds = 3600
+    dist_timeout_s: Seconds | None = Field(
+        None, description="the timeout of the engine's torch.distributed groups, from their rendezvous through "
+        "every collective (SGLang --dist-timeout, vLLM --distributed-timeout-seconds): it must outlast the ranks' "
+        "start-up skew, one rank waiting in a collective while another still pulls its image or reads its "
+        "weights; null: the engine's default, torch's 600 s for NCCL")
     shm_size_gib: Annotated[Count, Field(le=4096)] = 64
+    resident_gib: Annotated[Count, Field(le=65536)] = Field(
+        32, description="host memory the engine's processes hold on one node besides /dev/shm (their resident size: "
+        "the workers' CUDA contexts, pinned buffers and heaps, the tokenizer and scheduler): with shm_size_gib the "
+        "engine container's memory request, so under memory pressure the kubelet evicts pods past their requests "
+        "before the engine (docs/cluster.md, 'The engine pods')")
+    hicache_host_gib: Annotated[Count, Field(le=65536)] | None = Field(
+        None, description="host memory of SGLang's HiCache pool on one node, requested on top while args.hicache is "
+        "on (SGLang's default --hicache-ratio 2.0: twice the KV pool of the node's GPUs); required where hicache is on")
+    cpus: Annotated[Count, Field(le=1024)] = Field(8, description="CPUs the engine container requests on each node")
     longctx_blocked_from_tokens: Tokens | None = Field(
         None, description="rungs at or above this are refused unless the image lists `longctx_fix`")
     longctx_fix: str | None = Field(None, description="fix name the image must list in params/images.yaml `fixes`")
@@ -399,7 +414,35 @@ class BenchCase(Strict):
     concurrency: Annotated[Count, Field(le=4096)]
     num_prompts: Annotated[Count, Field(le=1_000_000)] | None = None
     requires_stable: str | None = Field(None, description="run only when this case was stable (C32 after C16)")
-    headroom_min: Fraction | None = Field(None, description="min free memory fraction left after requires_stable")
+    headroom_min: Fraction | None = Field(None, description="min free KV-cache fraction left at requires_stable's "
+                                          "peak, from the engine's KV usage gauge (none read: locked)")
+
+
+class SloSpec(Strict):
+    """Service-level objectives (p99, as MLPerf Inference states its LLM latency limits): each Gate 4 round's goodput
+    is the client's own (``vllm bench serve --goodput``: requests that met both per request) and each case's p99s
+    are held to them; the qualification run climbs ``climb`` on ``climb_case``'s shape to the highest concurrency
+    that meets them (steps/gates/perf.py ``climb_decision``)."""
+
+    ttft_p99_ms: float = Field(gt=0, le=3_600_000, description="time to first token, p99, ms")
+    tpot_p99_ms: float = Field(gt=0, le=600_000, description="time per output token after the first, p99, ms")
+    climb: list[Annotated[Count, Field(le=4096)]] = Field(
+        [], max_length=16, description="concurrencies the qualification run climbs, increasing; it stops at the "
+        "first that misses the SLO or saturates the server (empty: no climb)")
+    climb_case: CaseName | None = Field(None, description="the bench case whose shape each climb step uses (input "
+                                        "and output length; bench.prompts_per_concurrency prompts per concurrency)")
+    climb_rounds: int = Field(1, ge=1, le=10, description="rounds per climb step after its warmup; the step is "
+                              "judged on their median p99s")
+    saturation_gain_min: Fraction = Field(0.1, description="a step whose output throughput gains less than this "
+                                          "fraction over the step below while its p99 TPOT or TTFT grows has "
+                                          "saturated the server: the climb stops there")
+
+    @field_validator("climb")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError(f"{v}: concurrencies must increase")
+        return v
 
 
 class BenchSpec(Strict):
@@ -412,10 +455,28 @@ class BenchSpec(Strict):
     spread_max_rel: Fraction = Field(0.1, description="(max-min)/median of output throughput for a stable case")
     cold_start_factor: float = Field(3.0, gt=1, le=1000, description="a round whose first requests' TTFT is this many "
                                      "times its median TTFT paid a cold start (steps/gates/perf.py)")
+    hang_timeout_s: int = Field(120, ge=5, le=3600, description="a round whose engine processed no token for this "
+                                "long while holding requests is a hang: it stops and fails the gate, never retried "
+                                "(steps/client/stall.py); below the engines' own 300 s watchdogs, so the ranks are "
+                                "still up when it is read")
     diagnostic_clients: list[Literal["sglang-bench-serving"]] = Field(
         [], description="other clients run once per case after the main rounds, on the same requests; "
         "reported apart, never in the A/B table (steps/engines/sglang_bench.py)")
     cases: list[BenchCase] = Field(min_length=1, max_length=64)
+    token_count_tolerance: Fraction = Field(
+        0.02, description="a round whose client-counted output (or prompt) tokens differ from the engine's own "
+        "counter over the round by more than this fraction of the client's is not valid (steps/evidence/stats.py "
+        "token_counts)")
+    slo: SloSpec | None = Field(None, description="the service-level objectives Gate 4 reports goodput against, "
+                                "and the qualification's climb (null: no goodput, no climb)")
+
+    @model_validator(mode="after")
+    def _climb_case(self) -> BenchSpec:
+        s = self.slo
+        if s is not None and s.climb and s.climb_case not in {c.name for c in self.cases}:
+            raise ValueError(f"slo.climb_case {s.climb_case!r}: name the bench case whose shape the climb uses "
+                             f"({', '.join(c.name for c in self.cases)})")
+        return self
 
     @field_validator("rounds")
     @classmethod
@@ -429,8 +490,10 @@ class Rung(Strict):
     """One long-context rung (Gate 5; semantics in steps/gates/longctx.py's docstring)."""
 
     tokens: Tokens = Field(description="prompt + answer fill this many tokens")
-    probe: bool = False
-    requires_all_lower: bool = Field(False, description="its own task, run only when every lower rung passed")
+    probe: bool = Field(False, description="exploratory: its result is recorded and shown (check status 'probe') "
+                        "and never fails the gate; one that did not pass still stops the climb")
+    requires_all_lower: bool = Field(False, description="its own task, run only when every lower rung passed, a "
+                                     "probe included (a probe's pass is needed, never enough)")
     expect: Literal["pass", "fail", "refused"] = Field(
         "pass", description="pass: must find the needle; fail: a known capability limit (a miss is recorded "
         "'beyond capability (known)', not a failure); refused: over the engine's max length, must be a 4xx")
@@ -439,8 +502,18 @@ class Rung(Strict):
 class LongContextSpec(Strict):
     ladder: list[Rung] = Field(min_length=1, max_length=32)
     needle_depths: list[Annotated[float, Field(ge=0, le=1)]] = Field([0.1, 0.5, 0.9], min_length=1, max_length=16)
-    max_tokens: Annotated[Count, Field(le=1 << 20)] = 32
+    max_tokens: Annotated[Count, Field(le=1 << 20)] = Field(32, description="the final answer's budget")
+    reasoning_tokens: Annotated[int, Field(ge=0, le=1 << 20)] | None = Field(
+        None, description="a reasoning model's thinking budget, sent on top of max_tokens (it thinks before it "
+        "answers); null: derived from model.reasoning (Profile.longctx_reasoning_tokens)")
+    memory_growth_max_gib: Annotated[float, Field(ge=0, le=1024)] = Field(
+        4.0, description="the most one rank's peak GPU memory may grow from one rung to the next; more stops "
+        "the climb")
     timeout_s: Seconds = 1800
+
+
+# Gate 5's thinking budget when the profile states none and model.reasoning is true (Profile.longctx_reasoning_tokens)
+DEFAULT_REASONING_TOKENS = 4096
 
 
 class Variant(Strict):
@@ -473,10 +546,33 @@ class SmokeSpec(Strict):
     request_timeout_s: float = Field(300.0, gt=0, le=86400)
 
 
+class NightlySpec(Strict):
+    """The scheduled regression run: the qualification's graph cut to what answers "did last night's change make
+    it worse?" and fits a night. Gate 0, Gate 1, deploy, smoke, the regression ``cases`` of Gate 4 (with the
+    confirm-before-alarm stage), regress, report and cleanup; long context, Gate 6 and the engines not named here
+    are the qualification's, and the nightly's report says so (:meth:`Profile.nightly_left_out`)."""
+
+    schedule: Cron = Field("0 2 * * *", description="five-field cron (Argo's parser: robfig/cron) or "
+                           "@hourly/@daily/@weekly/@monthly/@yearly")
+    window_h: float = Field(4.0, gt=0, le=24, description="hours the nightly may hold the pool: its workflow's "
+                            "activeDeadlineSeconds; render refuses a nightly whose plan does not fit it")
+    gpu_hours: float | None = Field(None, gt=0, le=100000, description="GPU-hours one night may spend by the plan; "
+                                    "render refuses a nightly over it (null: the window alone)")
+    cases: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        [], max_length=32, description="the Gate 4 cases the nightly measures and regress judges (bench.cases names; "
+        "empty: every case no other case gates)")
+    engines: list[EngineName] = Field([], max_length=3, description="the engines the nightly runs (empty: the "
+                                      "baseline only)")
+
+
 class Profile(Strict):
     name: ProfileName = Field(description="a DNS-1123 label of at most 35 characters: gauntlet-<name>-nightly, the "
                               "CronWorkflow, is at most 52 (Argo adds an 11-character suffix to its workflows)")
     description: str = Field("", max_length=1024)
+    purpose: Literal["cluster", "test"] = Field(
+        "cluster", description="cluster (the default): runs on a real cluster, so render/lint/submit refuse what only "
+        "a test may carry (an image whose digest is a stand-in, params/images.yaml verified: false); test: a profile "
+        "for this repository's own tests and local runs (local-cpu, h200-1gpu)")
     namespace: DnsLabel = "gauntlet"
     service_account: ClusterName = "gauntlet"
     step_image: str = Field("steps", description="key into params/images.yaml for the step image")
@@ -487,8 +583,7 @@ class Profile(Strict):
     bench: BenchSpec
     longctx: LongContextSpec
     experiments: list[Variant] = Field([], max_length=32)
-    nightly_schedule: Cron = Field("0 2 * * *", description="five-field cron (Argo's parser: robfig/cron) or "
-                                   "@hourly/@daily/@weekly/@monthly/@yearly")
+    nightly: NightlySpec = Field(NightlySpec(), description="the scheduled regression run (NightlySpec)")
     timezone: TimeZone = Field("Asia/Shanghai", description="IANA time zone of the schedule (the zone database)")
     active_deadline_s: Seconds = 6 * 3600
     timeouts_s: dict[str, Seconds] = Field(
@@ -501,6 +596,10 @@ class Profile(Strict):
     runs_access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", "ReadOnlyMany"] = Field(
         "ReadWriteMany", description="the runs PVC's access mode: ReadWriteMany when the graph mounts it on "
         "several nodes at once (per-node Gate 0/1 steps); lint refuses anything else then")
+    label_policy: Literal["required", "optional"] = Field(
+        "required", description="the rendered ValidatingAdmissionPolicy that holds the manager and the janitor to "
+        "objects labelled gauntlet.dev/run (Kubernetes 1.30 or later): required: params fails the run when its "
+        "binding is missing; optional: a skip naming what the guard covers without it")
     artifact_repository: ClusterName | None = Field(
         None, description="where each gate's evidence is also saved as an Argo output artifact: null: nowhere "
         "(evidence stays on the runs PVC; Argo's wait container fails on an output artifact with no repository), "
@@ -509,12 +608,8 @@ class Profile(Strict):
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:
         errors: list[str] = []
-        if self.hardware.gpu_arch == "hopper":
-            for name, eng in self.engines.items():
-                if eng.args.kv_cache_dtype.lower().startswith("fp8"):
-                    errors.append(
-                        f"engines.{name}.args.kv_cache_dtype: FP8 KV cache is refused on Hopper "
-                        f"(got {eng.args.kv_cache_dtype!r}); use 'bf16' or 'auto'")
+        errors += [why for name, eng in self.engines.items()
+                   if (why := self._kv_cache_problem(f"engines.{name}.args.kv_cache_dtype", eng.args))]
         baselines = [n for n, e in self.engines.items() if e.role == "baseline"]
         if len(baselines) != 1:
             errors.append(f"engines: exactly one engine must have role 'baseline', got {baselines}")
@@ -531,8 +626,28 @@ class Profile(Strict):
             dups = sorted({str(x) for x in items if items.count(x) > 1})
             if dups:
                 errors.append(f"{what}: {', '.join(dups)} appear more than once")
+        budget = self.longctx.max_tokens + self.longctx_reasoning_tokens
+        errors += [f"longctx.ladder: the {r.tokens}-token rung leaves no room for a prompt beside its reply budget "
+                   f"of {budget} tokens (longctx.max_tokens + the reasoning budget, Profile.longctx_reasoning_tokens)"
+                   for r in self.longctx.ladder if r.tokens <= budget]
         for i, v in enumerate(self.experiments):
             errors += self._change_errors(i, v)
+        for ename, eng in self.engines.items():
+            turned_on = [v.name for v in self.experiments if v.change == {"hicache": True} and v.engine in (None, ename)]
+            if (eng.args.hicache or turned_on) and eng.hicache_host_gib is None:
+                errors.append(f"engines.{ename}.hicache_host_gib: required: "
+                              + (f"experiments {', '.join(turned_on)} turn" if turned_on else "args.hicache turns")
+                              + " on HiCache, whose host pool the engine's pods must request")
+        errors += [f"nightly.cases: no bench case named {c!r}" for c in self.nightly.cases if c not in names]
+        errors += [f"nightly.cases: {c.name} is gated on {c.requires_stable} (requires_stable): the nightly measures "
+                   "ungated cases only, each every night" for c in self.bench.cases
+                   if c.name in self.nightly.cases and c.requires_stable is not None]
+        errors += [f"nightly.engines: {e!r} is not an engine of this profile" for e in self.nightly.engines
+                   if e not in self.engines]
+        for what, items in (("nightly.cases", self.nightly.cases), ("nightly.engines", self.nightly.engines)):
+            dups = sorted({str(x) for x in items if list(items).count(x) > 1})
+            if dups:
+                errors.append(f"{what}: {', '.join(dups)} appear more than once")
         if self.hardware.kind == "kubernetes" and not self.hardware.nodes:
             errors.append("hardware.nodes: a kubernetes profile lists its nodes")
         if self.hardware.kind == "kubernetes" and self.hardware.gpus_per_node < 1:
@@ -554,14 +669,24 @@ class Profile(Strict):
         if v.engine is not None and v.engine not in self.engines:
             return [f"experiments.{i}.engine: {v.engine!r} is not an engine of this profile"]
         for name in ([v.engine] if v.engine else self.engine_order()):
+            on = f" (on engine {name})" if not v.engine and len(self.engines) > 1 else ""
             try:
-                self.engines[name].args.with_change(v.change)
+                merged = self.engines[name].args.with_change(v.change)
             except ValidationError as exc:
-                on = f" (on engine {name})" if not v.engine and len(self.engines) > 1 else ""
                 return [f"{where}.{_messages.describe(e)}{on}" for e in exc.errors(include_url=False)[:3]]
             except ValueError as exc:
                 return [f"{where}: {exc}"]
+            # the variant's deployed args are the merged ones: the baseline's rules hold for them too
+            if why := self._kv_cache_problem(f"{where} ({v.name}){on}", merged):
+                return [why]
         return []
+
+    def _kv_cache_problem(self, where: str, args: EngineArgs) -> str | None:
+        """FP8 KV cache is refused on Hopper: in an engine's args and in every variant's args merged onto them
+        (the one owner of the rule; Gate 6 deploys the merged args)."""
+        if self.hardware.gpu_arch == "hopper" and args.kv_cache_dtype.lower().startswith("fp8"):
+            return f"{where}: FP8 KV cache is refused on Hopper (got {args.kv_cache_dtype!r}); use 'bf16' or 'auto'"
+        return None
 
     @model_validator(mode="after")
     def _extra_flags_and_results_uri(self) -> Profile:
@@ -591,6 +716,42 @@ class Profile(Strict):
         """Whether the one bench client may pool connections: only when every engine's server keeps them."""
         return all(e.keep_alive for e in self.engines.values())
 
+    def nightly_engines(self) -> list[EngineName]:
+        """The engines the nightly runs, baseline first: ``nightly.engines``, or the baseline alone."""
+        chosen = set(self.nightly.engines or [self.baseline_engine])
+        return [e for e in self.engine_order() if e in chosen]
+
+    def nightly_cases(self) -> list[BenchCase]:
+        """The nightly's Gate 4 cases in bench order: ``nightly.cases``, or every case no other case gates."""
+        if self.nightly.cases:
+            return [c for c in self.bench.cases if c.name in self.nightly.cases]
+        return [c for c in self.bench.cases if c.requires_stable is None]
+
+    def nightly_left_out(self) -> list[tuple[str, str]]:
+        """(what, why) for each part of the qualification the nightly does not run: what its report says."""
+        out: list[tuple[str, str]] = []
+        window = f"the {self.nightly.window_h:g} h window"
+        if self.model.source_path:
+            out.append(("prewarm", "the nightly reads the NVMe cache as Gate 0 finds it; a copy is the "
+                                   "qualification's (prewarm=true)"))
+        kept = {c.name for c in self.nightly_cases()}
+        skipped = [c.name for c in self.bench.cases if c.name not in kept]
+        if skipped:
+            out.append((f"Gate 4 cases {', '.join(skipped)}",
+                        f"not regression cases (nightly.cases: {', '.join(sorted(kept))}); measured in the qualification"))
+        if self.longctx.ladder:
+            rungs = ", ".join(f"{r.tokens // 1024}K" for r in self.longctx.ladder)
+            out.append((f"Gate 5 long context ({rungs})", f"a restart per rung above the served context: qualification "
+                                                          f"only, it would not fit {window}"))
+        if self.experiments:
+            out.append((f"Gate 6 experiments ({', '.join(v.name for v in self.experiments)})",
+                        f"one load per variant: qualification only, it would not fit {window}"))
+        for e in self.engine_order():
+            if e not in self.nightly_engines():
+                gate = "Gate 7" if self.engines[e].role != "baseline" else "the baseline"
+                out.append((f"{gate} engine {e}", "not in nightly.engines: compared in the qualification only"))
+        return out
+
     def engine_order(self) -> list[EngineName]:
         """Baseline first, then experimental engines."""
         return sorted(self.engines, key=lambda n: (self.engines[n].role != "baseline", n))
@@ -610,6 +771,15 @@ class Profile(Strict):
     def engine(self, name: str | None = None) -> EngineSpec:
         """The engine named ``name`` (the baseline when None): see :meth:`engine_name`."""
         return self.engines[self.engine_name(name)]
+
+    @property
+    def longctx_reasoning_tokens(self) -> int:
+        """Gate 5's thinking budget, sent on top of ``longctx.max_tokens``: ``longctx.reasoning_tokens``, else
+        :data:`DEFAULT_REASONING_TOKENS` for a reasoning model (``model.reasoning``) and 0 for another."""
+        given = self.longctx.reasoning_tokens
+        if given is not None:
+            return given
+        return DEFAULT_REASONING_TOKENS if self.model.reasoning else 0
 
     def model_dir(self, given: str | Path | None = None) -> Path:
         """The model directory a gate reads: ``given``, else ``model.mount_path``; a relative path is

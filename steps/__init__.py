@@ -23,6 +23,7 @@ STEPS: dict[str, str] = {
     "preflight-compare": "gauntlet.steps.gates.preflight_compare",
     "engine-check": "gauntlet.steps.gates.engine_check",
     "nodes": "gauntlet.steps.gates.nodes",
+    "pull": "gauntlet.steps.gates.pull",
     "network": "gauntlet.steps.gates.network",
     "deploy": "gauntlet.steps.gates.deploy",
     "smoke": "gauntlet.steps.gates.smoke",

@@ -36,10 +36,11 @@ class Needs:
     # client's, the step image built on the pinned vLLM image (its `vllm bench serve`, CUDA torch for the GPU probe)
     host_network: bool = False                              # in its node's own network namespace: the NICs (Gate 1)
     per_node: bool = False                                  # on the cluster once per pool node, pinned to that node
-    api: Literal["manage", "nodes", "janitor"] | None = None
+    api: Literal["manage", "nodes", "janitor", "admission"] | None = None
     # its role on the Kubernetes API, so its pod's service account (steps/backends/kubernetes/rbac.py ROLES): manage creates,
     # scales and deletes the run's objects (and lists their pods: the rank watch); nodes lists the pods
-    # of every namespace (Gate 1); janitor releases finished runs; None calls nothing (Argo's executor only)
+    # of every namespace (Gate 1); janitor releases finished runs; admission reads the namespace's Pod Security
+    # labels and the label policy's binding (params); None calls nothing (Argo's executor only)
 
 
 class Step(Protocol):

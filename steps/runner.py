@@ -84,26 +84,15 @@ def _engine_present(gate: str, profile: Profile, opts: Any, out: Path) -> tuple[
 
 def _ranks(profile: Profile, engine: str, out: Path) -> list[Rank] | str | None:
     """The deployed engine's ranks through the profile's back end; a one-line reason when they cannot be read."""
-    from gauntlet.steps.backends import backend_for
-    try:
-        return backend_for(profile).ranks(profile, engine, out)
-    except GauntletError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception as exc:  # the API unreachable, say: the gate's own result still stands
-        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    from gauntlet.steps.gates.watch_ranks import snapshot
+    return snapshot(profile, engine, out)
 
 
 def _rank_check(gate: str, before: list[Rank] | str | None, profile: Profile, engine: str, out: Path,
                 metrics: dict[str, Any]) -> Check:
     """The ``engine_ranks`` check: did every rank stay up, unrestarted, from the gate's start to its end?"""
-    from gauntlet.steps.cluster.rank_watch import CHECK, judge
-    after = _ranks(profile, engine, out)
-    for snap in (before, after):
-        if isinstance(snap, str):
-            return Check(CHECK, "skip", "every rank up from start to end", None,
-                         f"the engine's ranks could not be read ({snap[:300]}): not watched")
-    assert not isinstance(before, str) and not isinstance(after, str)
-    return judge(gate, before, after, redeployed=bool(metrics.get("engine_restarts")))
+    from gauntlet.steps.gates.watch_ranks import check
+    return check(gate, before, _ranks(profile, engine, out), redeployed=bool(metrics.get("engine_restarts")))
 
 
 def write_outputs(out: Path, verdict: Verdict) -> None:

@@ -13,11 +13,14 @@ recorded, so a test notices):
 - ``GET pods/{name}/log``;
 - ``DELETE pods/{name}`` (the janitor, for a labelled pod with no owner);
 - ``GET`` a list of Argo ``workflows`` (``argoproj.io/v1alpha1``; the janitor looks runs up by uid);
-- an existence term in a ``labelSelector`` (``gauntlet.dev/run``).
+- an existence term in a ``labelSelector`` (``gauntlet.dev/run``);
+- ``GET`` a list of ``events`` with ``fieldSelector=involvedObject.uid=X`` (why a controller made no pod);
+- ``GET`` a Namespace, a ValidatingAdmissionPolicy and its binding by name (cluster-scoped, from ``add``).
 
 A toy controller makes pods for StatefulSets (ordinal names, one per node listed in the
 node affinity) and indexed Jobs; tests shape those pods' status and logs through
-``pod_status`` and ``pod_log`` hooks. Every request is kept in ``requests`` for the
+``pod_status`` and ``pod_log`` hooks, and refuse a pod through ``refuse`` (it returns the FailedCreate event
+the owner then carries, as a real controller records one when the API server refuses its pod). Every request is kept in ``requests`` for the
 RBAC test. It is not a Kubernetes: no watches, no resourceVersion conflicts, no
 admission, no scheduling beyond the affinity list.
 """
@@ -45,7 +48,12 @@ RESOURCES = {
     "jobs": ("/apis/batch/v1", "Job"),
     "pods": ("/api/v1", "Pod"),
     "workflows": ("/apis/argoproj.io/v1alpha1", "Workflow"),
+    "events": ("/api/v1", "Event"),
 }
+# cluster-scoped: path -> kind (GET by name only)
+CLUSTER = {"/api/v1/namespaces": "Namespace",
+           "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies": "ValidatingAdmissionPolicy",
+           "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings": "ValidatingAdmissionPolicyBinding"}
 _PATH = re.compile(r"^(?P<prefix>/api/v1|/apis/apps/v1|/apis/batch/v1|/apis/argoproj.io/v1alpha1)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
                    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$")
 
@@ -86,14 +94,22 @@ class K8sDouble:
         self.requests: list[tuple[str, str, dict[str, list[str]], str]] = []
         self.pod_status: Callable[[dict[str, Any]], dict[str, Any]] = running
         self.pod_log: Callable[[dict[str, Any], str | None], str] = lambda pod, container: f"log of {pod['metadata']['name']}\n"
+        # (owner object, pod name) -> None to create the pod, or the FailedCreate event its owner gets instead
+        self.refuse: Callable[[dict[str, Any], str], dict[str, Any] | None] = lambda owner, pod: None
+        self.cluster: dict[tuple[str, str], dict[str, Any]] = {}          # (kind, name) -> cluster-scoped object
+        self.unserved: set[str] = set()     # CLUSTER paths answered as an API server without them (before 1.30)
         self.lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
 
     # --- test-side helpers -------------------------------------------------------------------
     def add(self, obj: dict[str, Any]) -> None:
         """Put an object in as someone else would have created it (e.g. another team's StatefulSet)."""
-        plural = {v[1]: k for k, v in RESOURCES.items()}[obj["kind"]]
         m = obj["metadata"]
+        if obj["kind"] in CLUSTER.values():
+            with self.lock:
+                self.cluster[(obj["kind"], m["name"])] = self._stamp(copy.deepcopy(obj))
+            return
+        plural = {v[1]: k for k, v in RESOURCES.items()}[obj["kind"]]
         with self.lock:
             self.objects[(plural, m["namespace"], m["name"])] = self._stamp(copy.deepcopy(obj))
             self.reconcile()
@@ -159,6 +175,14 @@ class K8sDouble:
             items = [o for (p, _, _), o in sorted(self.objects.items()) if p == "pods"
                      and (node is None or o["spec"].get("nodeName") == node)]
             return 200, {"kind": "PodList", "apiVersion": "v1", "items": items}, "application/json"
+        base, _, cname = path.rpartition("/")
+        if base in self.unserved:
+            return 404, "404 page not found\n", "text/plain"
+        if method == "GET" and base in CLUSTER:
+            found = self.cluster.get((CLUSTER[base], cname))
+            if found is None:
+                return self._status(404, "NotFound", f"{base.rsplit('/', 1)[1]} \"{cname}\" not found")
+            return 200, found, "application/json"
         m = _PATH.match(path)
         if not m or m["plural"] not in RESOURCES or RESOURCES[m["plural"]][0] != m["prefix"]:
             return self._status(404, "NotFound", f"the double does not serve {method} {path}")
@@ -169,8 +193,11 @@ class K8sDouble:
             if method != "GET":
                 return self._status(405, "MethodNotAllowed", f"{method} on a collection is not served")
             sel = (q.get("labelSelector") or [None])[0]
+            field = (q.get("fieldSelector") or [""])[0]
+            uid = field.removeprefix("involvedObject.uid=") if field.startswith("involvedObject.uid=") else None
             items = [o for (p, s, _), o in sorted(self.objects.items()) if p == plural and s == ns
-                     and _matches(o["metadata"].get("labels") or {}, sel)]
+                     and _matches(o["metadata"].get("labels") or {}, sel)
+                     and (uid is None or (o.get("involvedObject") or {}).get("uid") == uid)]
             return 200, {"kind": f"{kind}List", "apiVersion": "v1", "items": items}, "application/json"
         obj = self.objects.get(key)
         if sub == "log" and plural == "pods" and method == "GET":
@@ -232,6 +259,15 @@ class K8sDouble:
         key = ("pods", ns, name)
         if key in self.objects:
             return
+        owner_obj = self.objects.get(({"StatefulSet": "statefulsets", "Job": "jobs"}[owner[0]], ns, owner[1]))
+        event = self.refuse(owner_obj, name) if owner_obj is not None else None
+        if event is not None:           # the API server refused the pod: its owner carries the controller's event
+            ev = copy.deepcopy(event)
+            ev.setdefault("metadata", {}).update(name=f"{owner[1]}.failedcreate", namespace=ns)
+            ev["involvedObject"] = {"kind": owner[0], "name": owner[1], "namespace": ns,
+                                    "uid": owner_obj["metadata"]["uid"]}
+            self.objects[("events", ns, ev["metadata"]["name"])] = ev
+            return
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": ns,
                             "labels": {**(template.get("metadata", {}).get("labels") or {}), **extra_labels},
@@ -260,7 +296,7 @@ class K8sDouble:
                     if pp == "pods" and s == ns and re.fullmatch(rf"{re.escape(name)}-(\d+)", pn) \
                             and int(pn.rsplit("-", 1)[1]) >= want:
                         del self.objects[(pp, s, pn)]
-                pods = [self.objects[("pods", ns, f"{name}-{i}")] for i in range(want)]
+                pods = [x for i in range(want) if (x := self.objects.get(("pods", ns, f"{name}-{i}")))]
                 o["status"] = {"replicas": want,
                                "readyReplicas": sum(1 for x in pods if x["status"].get("phase") == "Running")}
             elif p == "jobs":

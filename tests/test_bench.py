@@ -53,3 +53,30 @@ def test_argv_is_accepted_by_the_real_client_parser(tmp_path):
     assert a.random_prefix_len == 64 and a.ignore_eos and a.save_result
     assert a.base_url == "http://127.0.0.1:1" and a.result_filename == "r.json"
     assert a.metric_percentiles == "50,95,99" and "e2el" in a.percentile_metrics
+    assert a.trust_remote_code is False
+    # the profile trusts the model's code (Kimi's tokenizer is its own): the client loads it the same way
+    trusting = BenchRequest("http://127.0.0.1:1/", "m", "tok", 128, 32, 4, 16, 42, tmp_path / "r.json",
+                            trust_remote_code=True)
+    assert p.parse_args(client_argv(trusting)).trust_remote_code is True
+
+
+@pytest.mark.slow  # the real client in-process (its import, 10-25 s on 2 cores) against the zero-cost server
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+def test_the_round_digest_is_of_the_requests_the_client_really_sent(tmp_path, local_model):
+    """The digest each round records is drawn again with vLLM's own dataset code; the zero-cost server
+    records every body the real client posts, and the two agree (another seed or length does not)."""
+    from gauntlet.steps.client.bench import run_client
+    from gauntlet.steps.client.null_server import null_server
+    from gauntlet.steps.client.request_set import Sample, requests_digest, sample_requests
+
+    seen = tmp_path / "seen.jsonl"
+    with null_server("smol", record_to=str(seen)) as url:
+        req = BenchRequest(url, "smol", str(local_model), 64, 8, 2, 6, 42, tmp_path / "r.json", prefix_len=16)
+        run_client(req)
+        drawn = requests_digest(sample_requests(req))
+        other_seed = requests_digest(sample_requests(BenchRequest(url, "smol", str(local_model), 64, 8, 2, 6, 43,
+                                                                  tmp_path / "o.json", prefix_len=16)))
+    bodies = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert len(bodies) == 6
+    assert drawn == requests_digest(Sample(b["prompt"], 0, b["max_tokens"]) for b in bodies) != other_seed
+    assert drawn != requests_digest(Sample(b["prompt"], 0, b["max_tokens"] + 1) for b in bodies)

@@ -72,10 +72,11 @@ def _token(cp, account: str) -> str:
     return out["status"]["token"]
 
 
-def _allowed(cp, account: str, verb: str, group: str, resource: str, namespace: str | None) -> bool:
+def _allowed(cp, account: str, verb: str, group: str, resource: str, namespace: str | None,
+             name: str | None = None) -> bool:
     res, _, sub = resource.partition("/")
     attrs = {"verb": verb, "group": group, "resource": res, **({"subresource": sub} if sub else {}),
-             **({"namespace": namespace} if namespace else {})}
+             **({"namespace": namespace} if namespace else {}), **({"name": name} if name else {})}
     status, out = cp.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", {
         "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
         "spec": {"user": f"system:serviceaccount:{NS}:{account}", "groups": SSAR_GROUPS, "resourceAttributes": attrs}})
@@ -104,13 +105,21 @@ def test_each_account_holds_its_roles_grants_and_nothing_of_the_others(applied):
         ("", "secrets", "get"), ("", "pods", "create"), ("apps", "statefulsets", "update"), ("", "pods", "watch"),
         ("batch", "jobs", "deletecollection"), ("", "pods/exec", "create")}
     executor = _grants(rbac.EXECUTOR_RULES)
+    # the admission role reads three objects by name (resourceNames): asked for each by its name, and refused another
+    named = {"namespaces": NS, "validatingadmissionpolicies": rbac.policy_name(NS, profile.service_account),
+             "validatingadmissionpolicybindings": rbac.policy_name(NS, profile.service_account)}
     for role, (ns_rules, cluster_rules) in rbac.ROLES.items():
         acct = rbac.account(profile.service_account, role)
+
+        def name_of(g: tuple[str, str, str], role: str | None = role) -> str | None:
+            return named.get(g[1]) if role == "admission" else None
         want_ns = _grants(ns_rules) | _grants(cluster_rules) | executor
-        got_ns = {g for g in every | executor if _allowed(cp, acct, g[2], g[0], g[1], NS)}
+        got_ns = {g for g in every | executor if _allowed(cp, acct, g[2], g[0], g[1], NS, name_of(g))}
         assert got_ns == want_ns, (acct, got_ns ^ want_ns)
-        got_cluster = {g for g in every if _allowed(cp, acct, g[2], g[0], g[1], None)}
+        got_cluster = {g for g in every if _allowed(cp, acct, g[2], g[0], g[1], None, name_of(g))}
         assert got_cluster == _grants(cluster_rules), (acct, got_cluster ^ _grants(cluster_rules))
+        if role == "admission":
+            assert not any(_allowed(cp, acct, "get", g[0], g[1], None, "someone-else") for g in _grants(cluster_rules))
         assert not _allowed(cp, acct, "list", "", "pods", "default") or cluster_rules   # nothing in another namespace
 
 

@@ -82,6 +82,37 @@ def test_scenario_on_the_box(box_session, sc: Scenario):
     assert box_session.other_team_state() == before
 
 
+@group("all-pass")
+def test_every_pool_node_ran_the_engine_and_bench_images_before_deploy(box_session):
+    """Gate 1's pulls on the box (engines=sglang): each pool node ran a pod of its own, bound there by the real
+    scheduler, in the SGLang image (pull-sglang-<i>) and one in the bench image (nodes-<i>), each Succeeded before
+    the run's first engine pod was created; the vLLM pulls were Skipped. The process kubelet pulls nothing
+    (tests/box/kubelet.py: an image reference maps to a PATH on this machine), so the box shows the placement
+    and the order that make a real kubelet pull each image onto each node before deploy, not a pull itself."""
+    from box.scenarios import RUN_LABEL
+    from gauntlet.params import load_images
+
+    out = _box(box_session, next(s for s in SCENARIOS if s.name == "all-pass"))
+    assert out.phase == "Succeeded", out.tasks
+    assert {t: out.tasks.get(t) for t in ("pull-sglang-0", "pull-sglang-1", "pull-vllm-0", "pull-vllm-1")} == {
+        "pull-sglang-0": "Succeeded", "pull-sglang-1": "Succeeded", "pull-vllm-0": "Skipped", "pull-vllm-1": "Skipped"}
+    events = [(t, p) for t, _, p in box_session.pod_events
+              if (p["metadata"].get("labels") or {}).get("workflows.argoproj.io/workflow") == out.name
+              or (p["metadata"].get("labels") or {}).get(RUN_LABEL) == out.uid]
+    first_engine = min(t for t, p in events if (p["metadata"].get("labels") or {}).get("gauntlet.dev/component")
+                       == "engine")
+    done: dict[tuple[str, str], float] = {}        # (node, image) -> when a step pod in that image Succeeded there
+    for t, p in events:
+        main = next((c for c in p["spec"]["containers"] if c["name"] == "main"), None)
+        if main and (p.get("status") or {}).get("phase") == "Succeeded" and p["spec"].get("nodeName"):
+            done.setdefault((p["spec"]["nodeName"], main["image"]), t)
+    images = load_images()
+    for node in (n.name for n in box_session.profile.hardware.nodes):
+        for key in ("sglang", "steps-vllm"):
+            when = done.get((node, images[key].ref))
+            assert when is not None and when < first_engine, (node, key, when, first_engine, sorted(done))
+
+
 @group("gate0-corrupt-model")
 def test_gate0_failure_creates_no_gpu_pod(box_session):
     sc = next(s for s in SCENARIOS if s.name == "gate0-corrupt-model")
@@ -90,6 +121,29 @@ def test_gate0_failure_creates_no_gpu_pod(box_session):
     verdict = json.loads((out.run_dir / "preflight-1" / "verdict.json").read_text())
     failing = [c["name"] for c in verdict["checks"] if c["status"] == "fail"]
     assert failing, verdict
+
+
+@group("pod-security-baseline")
+def test_a_baseline_namespace_fails_at_params_in_one_line_before_any_gpu(box_session):
+    """The namespace labelled pod-security.kubernetes.io/enforce=baseline: the params step's pod is admitted (it
+    mounts no hostPath and takes no GPU), reads the label under the rendered gauntlet-admission account and fails
+    the run naming it; no pod requesting nvidia.com/gpu is ever created (watched from the API server)."""
+    out = _box(box_session, next(s for s in SCENARIOS if s.name == "pod-security-baseline"))
+    assert out.gpu_pods == [], f"GPU pods created although params failed: {out.gpu_pods}"
+    assert out.attempts["params"] == [1], out.attempts
+    verdict = json.loads((out.run_dir / "params" / "verdict.json").read_text())
+    failed = [c for c in verdict["checks"] if c["status"] == "fail"]
+    assert [c["name"] for c in failed] == ["pod-security"], verdict["checks"]
+    (line,) = failed[0]["detail"].splitlines()
+    assert line.startswith("namespace gauntlet is labelled pod-security.kubernetes.io/enforce=baseline: "), line
+    # the step's log (its pod's stdout) carries the same line
+    log = box_session.box.request("GET", f"/api/v1/namespaces/{box_session.ns}/pods?labelSelector="
+                                  f"workflows.argoproj.io%2Fworkflow%3D{out.name}")[1]
+    pod = next(p for p in log["items"] if (p["metadata"].get("annotations") or {}).get(
+        "workflows.argoproj.io/node-name", "").endswith(".params"))
+    text = box_session.box.request("GET", f"/api/v1/namespaces/{box_session.ns}/pods/{pod['metadata']['name']}"
+                                   "/log?container=main")[1]
+    assert line in str(text), text
 
 
 @group("transient-early-then-pass")
@@ -124,6 +178,36 @@ def test_a_rank_that_restarts_during_perf_fails_perf_naming_it(box_session):
     assert "rank 0" not in ranks["detail"], ranks
 
 
+@group("experimental-blocked-baseline-reports")
+def test_a_blocked_experimental_engine_leaves_the_baseline_and_the_report(box_session):
+    """The first real run as the profile expects it may go, on the box (engines=both): vLLM's engine check fails at
+    Gate 0 and SGLang's DSpark variant fails. Before: Gate 1 needed every engine check to pass, so nothing after
+    Gate 0 ran, no report. Now the SGLang sequence runs to its teardown (the variant after DSpark too), regress and
+    the real report run, report.md names each task that did not pass with its verdict's detail, Argo filled each
+    earlier task's phase into the report's --upstream (vllm Omitted), and the report, the leaf, fails the workflow."""
+    from box.scenarios import NO_DRAFT, VLLM_REFUSES
+
+    out = _box(box_session, next(s for s in SCENARIOS if s.name == "experimental-blocked-baseline-reports"))
+    assert out.phase == "Failed", out.tasks
+    assert not [t for t in out.tasks if t.startswith("vllm/")], "the vLLM sequence ran a task"
+    md = (out.run_dir / "report.md").read_text()
+    section = md[md.index("## What did not pass"):md.index("| task | gate |")]
+    rows = {r.split(" | ")[0].strip("| "): r.split(" | ")[1:] for r in section.splitlines()
+            if r.startswith("| ") and "---" not in r}
+    assert rows["engine-check-vllm"][0] == "**Failed**" and VLLM_REFUSES in rows["engine-check-vllm"][1], section
+    assert rows["sglang/exp-dspark"][0] == "**Failed**" and NO_DRAFT in rows["sglang/exp-dspark"][1], section
+    assert rows["vllm"][0] == "**Omitted**" and rows["vllm"][1].startswith("not run"), section
+    assert rows["sglang"][0] == "**Failed**" and "sglang/exp-hicache" not in rows, section
+    report = json.loads((out.run_dir / "report" / "verdict.json").read_text())
+    up = {c["name"]: c for c in report["checks"]}["upstream"]
+    assert up["status"] == "fail" and up["observed"]["vllm"] == "Omitted" and up["observed"]["pull-vllm-0"] == "Omitted"
+    assert "regression" not in {c["name"] for c in report["checks"]}
+    teardown = json.loads((out.run_dir / "sglang" / "teardown" / "verdict.json").read_text())
+    checks = {c["name"]: c for c in teardown["checks"]}
+    assert checks["upstream"]["observed"] == {"exp-dspark": "Failed"}, checks["upstream"]
+    assert all(c["status"] == "pass" for n, c in checks.items() if n != "upstream"), checks
+
+
 @group("nightly-regression")
 def test_nightly_regression_fails_and_still_reports(box_session):
     out = _box(box_session, next(s for s in SCENARIOS if s.name == "nightly-regression"))
@@ -148,6 +232,10 @@ def test_local_runner_agrees_with_argo(box_session, sc: Scenario, tmp_path):
     assert not differ, f"task phases (argo, local): {differ}"
     assert local.exit_status == box.exit_status
     assert local.failure_names() == box.failure_names()
+    # what runs whatever happened got every earlier task's phase alike: Argo's {{tasks.X.status}} (Omitted and
+    # Skipped ancestors included) and the local runner's
+    assert local.upstream == box.upstream, {p: (box.upstream.get(p), local.upstream.get(p))
+                                            for p in set(box.upstream) | set(local.upstream)}
 
 
 def test_second_run_on_the_pool_waits_for_the_mutex(box_session):
@@ -220,8 +308,9 @@ def test_gate6_never_holds_two_engines_gpus(box_session):
             span[1] = t
     seq = json.loads((out.run_dir / "sglang" / "release-baseline" / "verdict.json").read_text())
     (baseline,) = seq["metrics"]["stopped"]
-    variants = {v: s for v in ("prefix-cache", "dspark", "hicache") for s in life if s.startswith(f"g-sglang-{v}")}
-    assert set(variants) == {"prefix-cache", "dspark", "hicache"}, sorted(life)
+    names = ("prefix-cache", "dspark", "hicache", "symm-mem")
+    variants = {v: s for v in names for s in life if s.startswith(f"g-sglang-{v}")}
+    assert set(variants) == set(names), sorted(life)
     assert all(life[baseline][1] < life[s][0] for s in variants.values()), life
     for v, sts in variants.items():
         exp = out.run_dir / "sglang" / f"exp-{v}"

@@ -217,6 +217,37 @@ def test_options_refuse_an_unknown_engine_or_variant_up_front() -> None:
         teardown.Options(profile=prof, engine="trtllm")
 
 
+def test_the_sequences_teardown_after_a_failure_releases_then_fails(tmp_path: Path) -> None:
+    """The sequence's last teardown runs whatever happened before it (workflows/graph.py): given the phase of each
+    task before it, it stops the engine first and then fails naming what did not pass (the sequence's leaf: Argo
+    judges the DAG by it). Before: it was Omitted after a failure and the engine waited for the exit handler."""
+    from gauntlet.params import load_profile
+    from gauntlet.steps.gates import teardown
+    from gauntlet.steps.backends.local.deploy import LABEL_DIR, LABEL_PORT
+
+    seq = (tmp_path / "run" / "vllm").resolve()
+    seq.mkdir(parents=True)
+    base = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                            env={**os.environ, LABEL_DIR: str(seq), LABEL_PORT: "1"})
+    try:
+        deadline = time.monotonic() + 10
+        while not find_labelled(seq) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        opts = teardown.Options(profile=load_profile("local-cpu"), engine="vllm", backend="local",
+                                upstream=("deploy=Succeeded", "smoke=Failed", "perf=Omitted", "confirm=Skipped"))
+        checks, metrics = teardown.run(opts, seq / "teardown")
+        assert base.wait(timeout=30) is not None                      # released before it judged anything
+        by = {c.name: c for c in checks}
+        assert by["engine-stopped"].status == "pass" and by["upstream"].status == "fail"
+        assert by["upstream"].observed == {"smoke": "Failed", "perf": "Omitted"}
+        assert by["upstream"].detail.startswith("before this task: smoke Failed; not run (Omitted): perf.")
+        assert metrics["upstream"]["confirm"] == "Skipped"
+    finally:
+        if base.poll() is None:
+            base.kill()
+            base.wait()
+
+
 def test_teardown_stops_only_the_baseline_or_only_the_variant(tmp_path: Path) -> None:
     """Gate 6 on the local back end: two labelled process groups of one sequence, the baseline's (no variant
     label) and a variant's; `--variant` stops the variant only, no `--variant` the baseline only."""

@@ -50,9 +50,12 @@ def test_local_cpu_profile_passes_through_the_cli(tmp_path):
     v = Verdict.read(tmp_path)
     assert rc == 0, [(c.name, c.detail) for c in v.checks]
     s = {c.name: c.status for c in v.checks}
-    assert s == {"engine-import": "pass", "architecture": "pass", "cli-flags": "pass", "ranks": "skip",
+    assert s == {"engine-import": "pass", "engine-version": "pass", "engine-env": "pass", "architecture": "pass",
+                 "cli-flags": "pass", "ranks": "skip",
                  "variant-prefix-cache": "pass", "reasoning-parser": "skip", "tool-call-parser": "pass"}
     assert "--tool-call-parser" in v.metrics["argv"]["rank0"]
+    # what the report's A/B section reads: vLLM's own resolution of the command (no backend named: its choice)
+    assert v.metrics["attention"] == {"prefill": "auto", "prefill (MLA layers)": "auto", "decode": "auto"}
 
 
 def test_unknown_flag_fails_cli_flags(vllm_adapter):
@@ -162,3 +165,36 @@ def test_misspelt_flag_fails_gate0_naming_it_on_every_rank(vllm_adapter):
 def test_a_program_other_than_vllm_serve_is_refused(vllm_adapter):
     err, opts = vllm_adapter.parse(["--model", "/models/m"])
     assert opts is None and "not a `vllm serve` command" in err
+
+
+def test_each_pods_argv_carries_the_collective_timeout_and_vllm_takes_it(vllm_adapter):
+    """Rank start-up skew past torch's 600 s NCCL default (a rank waits in its first collective for one still
+    pulling or loading): each rank's exact pod argv (manifests.rank_argvs, the launch script's exec) carries the
+    profile's engines.vllm.dist_timeout_s as --distributed-timeout-seconds; `vllm serve`'s own parser accepts it
+    on both ranks (typed int), and the EngineArgs vLLM builds from the parsed command line
+    (EngineArgs.from_cli_args, as vllm/entrypoints/cli/serve.py does) hold it, which create_engine_config puts
+    into ParallelConfig.distributed_timeout_seconds, the timeout
+    vllm/v1/worker/gpu_worker.py init_worker_distributed_environment gives torch.distributed."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.cli import serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from gauntlet.steps.backends.kubernetes import manifests as M
+
+    spec = KIMI.engines["vllm"]
+    assert spec.dist_timeout_s == 1800
+    pods = M.rank_argvs(KIMI, "vllm", spec, engine_check.LEADER.rpartition(":")[0])
+    # the parser vllm/entrypoints/cli/main.py main() builds: `vllm` with its `serve` subcommand
+    cli = FlexibleArgumentParser(prog="vllm")
+    (cmd,) = [c for c in serve.cmd_init() if c.name == "serve"]
+    cmd.subparser_init(cli.add_subparsers(required=False, dest="subparser"))
+    assert len(pods) == 2
+    for argv in pods:
+        assert argv[argv.index("--distributed-timeout-seconds") + 1] == "1800"
+        err, opts = vllm_adapter.parse(argv[1:])
+        assert err is None and opts is not None and opts["--distributed-timeout-seconds"] == 1800, err
+        assert EngineArgs.from_cli_args(cli.parse_args(argv[1:])).distributed_timeout_seconds == 1800
+    # every rank and every variant Gate 0 judges carries it, and engine-check passes them
+    argvs = planned_argvs(KIMI, "vllm", "/models/m")
+    assert all(a[a.index("--distributed-timeout-seconds") + 1] == "1800" for a in argvs.values())
+    facts = collect(vllm_adapter, argvs)
+    assert all(err is None for err in facts["parse"].values()), facts["parse"]

@@ -6,6 +6,7 @@ The Kimi K3 profile passes as is; each injected mistake fails naming the flag or
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 import pytest
@@ -61,16 +62,48 @@ def test_kimi_profile_passes_through_the_cli(sglang, tmp_path):
     v = Verdict.read(tmp_path)
     s = {c.name: c.status for c in v.checks}
     assert rc == 0, [(c.name, c.detail) for c in v.checks if c.status == "fail"]
-    assert {k: s[k] for k in ("engine-import", "architecture", "cli-flags", "ranks", "variant-prefix-cache",
-                              "variant-dspark", "variant-hicache", "reasoning-parser", "tool-call-parser")} \
-        == dict.fromkeys(("engine-import", "architecture", "cli-flags", "ranks", "variant-prefix-cache",
-                          "variant-dspark", "variant-hicache", "reasoning-parser", "tool-call-parser"), "pass")
+    passed = ("engine-import", "engine-version", "engine-env", "architecture", "cli-flags", "ranks",
+              "variant-prefix-cache", "variant-dspark", "variant-hicache", "variant-symm-mem", "reasoning-parser",
+              "tool-call-parser")
+    assert {k: s[k] for k in passed} == dict.fromkeys(passed, "pass")
     assert s["engine-rules"] in ("pass", "skip")
     assert set(v.metrics["argv"]) == {"rank0", "rank1", "prefix-cache/rank0", "prefix-cache/rank1",
-                                      "dspark/rank0", "dspark/rank1", "hicache/rank0", "hicache/rank1"}
+                                      "dspark/rank0", "dspark/rank1", "hicache/rank0", "hicache/rank1",
+                                      "symm-mem/rank0", "symm-mem/rank1"}
     # the profile records each case's expert load: stat mode on every rank, accepted by SGLang's parser above
     for argv in v.metrics["argv"].values():
         assert argv[argv.index("--expert-distribution-recorder-mode") + 1] == "stat"
+
+
+def test_each_pods_argv_carries_the_collective_timeout_and_sglang_takes_it(sglang):
+    """Rank start-up skew past torch's 600 s NCCL default (a rank waits in its first collective for one still
+    pulling or loading): each rank's exact pod argv (manifests.rank_argvs, the launch script's exec) carries the
+    profile's engines.sglang.dist_timeout_s as --dist-timeout; ServerArgs' own parser accepts it (typed int), and
+    the ServerArgs sglang.launch_server builds (sglang.srt.server_args.prepare_server_args, run here on each
+    rank's argv) holds it as dist_timeout, the timeout sglang.srt.distributed.bootstrap._init_parallel_groups
+    gives init_distributed_environment (the world and every model-parallel group)."""
+    from sglang.srt.server_args import prepare_server_args
+    from gauntlet.steps.backends.kubernetes import manifests as M
+
+    spec = KIMI.engines["sglang"]
+    assert spec.dist_timeout_s == 1800
+    pods = M.rank_argvs(KIMI, "sglang", spec, "10.0.0.1")
+    assert len(pods) == 2
+    for argv in pods:
+        assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+        assert argv[argv.index("--dist-timeout") + 1] == "1800"
+        err, opts = sglang.parse(argv[3:])
+        assert err is None and opts is not None and opts["--dist-timeout"] == 1800, err
+        handlers, level = logging.root.handlers[:], logging.root.level
+        try:                # it calls logging.basicConfig(force=True): the test's log capture is put back
+            assert prepare_server_args(argv[3:]).dist_timeout == 1800
+        finally:
+            logging.root.handlers[:], logging.root.level = handlers, level
+    # every rank and every variant Gate 0 judges carries it, and SGLang's parser takes each
+    argvs = planned_argvs(KIMI, "sglang", "/models/m")
+    assert all(a[a.index("--dist-timeout") + 1] == "1800" for a in argvs.values())
+    facts = collect(sglang, argvs)
+    assert all(err is None for err in facts["parse"].values()), facts["parse"]
 
 
 def test_ranks_differ_only_in_node_rank(sglang):
@@ -108,7 +141,7 @@ def test_a_mistake_shared_by_every_command_is_said_once(sglang):
     c = _checks(sglang, _with(KIMI, args={"extra": {"enable-symm-memory": True}}))
     assert c["cli-flags"].detail.count("unrecognized arguments") == 1
     assert "rank0 and rank1 commands" in c["cli-flags"].detail
-    for v in ("prefix-cache", "dspark", "hicache"):
+    for v in ("prefix-cache", "dspark", "hicache", "symm-mem"):
         d = c[f"variant-{v}"]
         assert d.status == "fail" and "inherits the baseline command's rejection (rank0, rank1" in d.detail
         assert set(d.observed) == {"rank0", "rank1"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gauntlet.contract import UsageError
+from gauntlet.contract import Check, UsageError
 from gauntlet.params import load_profile
 from gauntlet.steps.gates import experiment
 from gauntlet.steps.gates import experiment_baseline
@@ -73,7 +73,7 @@ def fake_bench(monkeypatch):
     """The bench client replaced by a recorder of the base URL it was given (no vLLM import)."""
     urls: list[str] = []
 
-    def run_client(req, python=None):
+    def run_client(req, python=None, **_):
         argv = client_argv(req)
         urls.append(argv[argv.index("--base-url") + 1] + argv[argv.index("--endpoint") + 1])
         n = req.num_prompts
@@ -151,7 +151,14 @@ def test_experiment_reaches_the_same_urls(engine, fake_bench, tmp_path, monkeypa
     deployed: list[str] = []
     monkeypatch.setattr(deploy, "run", lambda opts, out: ([], {"outputs": {"endpoint": deployed[-1]}}))
     monkeypatch.setattr(teardown, "run", lambda opts, out: ([], {}))
+    real_content = experiment.content_checks
 
+    def content_checks(*args):
+        """Gate 3's real content checks reach the recorder (their URLs are under test here too); the recorder
+        answers every question "5", so their verdict is played as passed, or the variant would not be measured."""
+        return [Check(c.name, "pass", c.expected, c.observed, c.detail) for c in real_content(*args)]
+
+    monkeypatch.setattr(experiment, "content_checks", content_checks)
     bench = {"tokenizer": "t", "no_store": True, "no_ceiling": True, "sample_interval": 60.0}
 
     def gate(ep):
@@ -167,7 +174,9 @@ def test_experiment_reaches_the_same_urls(engine, fake_bench, tmp_path, monkeypa
 
     got = _each_form(base, seen, gate)
     assert got[0] == got[1] == got[2] == got[3]
-    assert got[0] == ({("GET", "/metrics")}, (f"{base}/v1/completions",))
+    # the variant's content checks (models, chat) and the sampler's /metrics; the bench client's one base URL
+    assert got[0] == ({("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions")},
+                      (f"{base}/v1/completions",))
 
 
 def test_a_bad_endpoint_is_a_usage_error_naming_its_flag():

@@ -230,7 +230,7 @@ def _specs() -> list[EngineSpec]:
     other = full.model_copy(update={"prefix_cache": False, "hicache": False,
                                     "speculative": Speculative(method="dspark", num_speculative_tokens=2)})
     cached = full.model_copy(update={"prefix_cache": True})
-    return [EngineSpec(role="baseline", image="x", args=a, reasoning_parser="r", tool_call_parser="t")
+    return [EngineSpec(role="baseline", image="x", args=a, reasoning_parser="r", tool_call_parser="t", dist_timeout_s=60)
             for a in (full, other, cached)]
 
 
@@ -240,7 +240,7 @@ def _emitted(engine: str) -> set[str]:
         if engine == "llamacpp":
             args = EngineArgs(context_length=100, max_running_requests=2, dtype="bfloat16",
                               prefix_cache=spec.args.prefix_cache)
-            spec = spec.model_copy(update={"args": args, "tool_call_parser": None})
+            spec = spec.model_copy(update={"args": args, "tool_call_parser": None, "dist_timeout_s": None})
             placements = [Placement()]
         else:
             placements = [Placement(), Placement(nnodes=2, node_rank=1, dist_addr="h:1")]

@@ -134,7 +134,7 @@ def test_perf_records_each_case_between_warmup_and_after_its_rounds(tmp_path, mo
     from gauntlet.steps.client.bench import ClientRun
     url, h = sglang
 
-    def fake_client(req, python=None):
+    def fake_client(req, python=None, **_):
         h.events.append(req.result_path.stem.rsplit("-", 1)[-1])
         n = req.num_prompts
         return ClientRun({"completed": n, "failed": 0, "num_prompts": n, "duration": 1.0, "output_throughput": 40.0,
@@ -198,18 +198,20 @@ def test_report_puts_a_table_per_case_next_to_throughput():
     assert "llama.cpp has no expert distribution interface" in expert_load_section("llamacpp", {})[0]
 
 
-def test_the_sglang_pod_shares_the_dump_directory_with_its_sidecar():
-    from gauntlet.steps.backends.kubernetes.manifests import EXPERT_DIR, engine_statefulset
+def test_the_sglang_engine_container_samples_its_own_dump_directory():
+    """SGLang's rank 0 writes its dumps into a size-bounded emptyDir of the engine container; the sampler, started
+    in that container by the launch script, serves them (and its memory share is counted in the request)."""
+    from gauntlet.steps.backends.kubernetes.manifests import EXPERT_DIR, SAMPLER_MEMORY_GIB, engine_statefulset
     sts = engine_statefulset(KIMI, "sglang", "run1", "img")
     pod = sts["spec"]["template"]["spec"]
-    eng, side = pod["containers"]
+    (eng,) = pod["containers"]
     assert {"name": "SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", "value": EXPERT_DIR} in eng["env"]
     assert {"name": "expert-distribution", "mountPath": EXPERT_DIR} in eng["volumeMounts"]
-    assert side["volumeMounts"] == [{"name": "expert-distribution", "mountPath": EXPERT_DIR, "readOnly": True}]
-    assert f"--expert-dir {EXPERT_DIR}" in side["command"][2]
+    assert f"--expert-dir {EXPERT_DIR}" in eng["command"][2]
     assert {"name": "expert-distribution", "emptyDir": {"sizeLimit": "20Gi"}} in pod["volumes"]
+    spec = KIMI.engine("sglang")
+    assert eng["resources"]["requests"]["memory"] == f"{spec.shm_size_gib + spec.resident_gib + SAMPLER_MEMORY_GIB[True]}Gi"
     import kubernetes_validate
     kubernetes_validate.validate(sts, "1.37.0", strict=True)
-    vllm = engine_statefulset(KIMI, "vllm", "run1", "img")["spec"]["template"]["spec"]
-    assert "expert-distribution" not in str(vllm["volumes"]) and "volumeMounts" not in vllm["containers"][1]
-    assert "--expert-dir" not in vllm["containers"][1]["command"][2]
+    (vllm,) = engine_statefulset(KIMI, "vllm", "run1", "img")["spec"]["template"]["spec"]["containers"]
+    assert "expert-distribution" not in str(vllm["volumeMounts"]) and "--expert-dir" not in vllm["command"][2]

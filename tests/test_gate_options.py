@@ -39,7 +39,9 @@ FLAGS = {
              # Gate 1's per-node NCCL/GLOO env (network's nccl_env output, issue 20)
              "--nccl-env": (None, False, None)},
     teardown: {"--engine": (None, True, None), "--backend": (None, False, {"local", "kubernetes"}),
-               "--run-id": (None, False, None), "--variant": (None, False, None)},
+               "--run-id": (None, False, None), "--variant": (None, False, None),
+               # the phase of each task of its sequence before it (it runs whatever happened: issue 25 break 6)
+               "--upstream": ((), False, None)},
     cleanup: {"--profile": (None, False, None), "--workflow-status": ("Unknown", False, None),
               "--failures": ("null", False, None), "--backend": (None, False, {"local", "kubernetes"}),
               "--run-id": (None, False, None), "--run-dir": (None, False, None)},
@@ -53,7 +55,7 @@ FLAGS = {
             "--cache-path": (None, False, None), "--no-probe": (False, False, None), "--no-api": (False, False, None)},
     prewarm: {"--src": (None, False, None), "--dst": (None, False, None), "--streams": (4, False, None),
               "--allow-unmarked-src": (False, False, None), "--delete-extras": (False, False, None)},
-    preflight: {"--model-path": (None, False, None), "--pin": (None, False, None)},
+    preflight: {"--model-path": (None, False, None), "--pin": (None, False, None), "--discover": (False, False, None)},
     preflight_compare: {"--inputs": (None, True, None)},
     # the engine choices are the registry's (tests/test_engine_registry.py ties it to the params layer's list)
     engine_check: {"--engine": (None, True, set(ENGINES)), "--model-path": (None, False, None)},
@@ -125,8 +127,8 @@ def test_one_back_end_chooser(monkeypatch):
     assert BACKENDS["local"].stop_all(Path(os.getcwd()) / "x") == []
     k8s = require(BACKENDS["kubernetes"], Access, "render")
     kinds = [d["kind"] for d in k8s.access_manifests(KIMI)]
-    # one account per API role (manage, read, nodes, janitor, none: steps/backends/kubernetes/rbac.py ROLES)
-    assert kinds.count("Role") == 4 and k8s.janitor_account == "gauntlet-janitor"
+    # one account per API role (manage, nodes, janitor, admission, none: steps/backends/kubernetes/rbac.py ROLES)
+    assert kinds.count("Role") == 5 and k8s.janitor_account == "gauntlet-janitor"
     assert k8s.account(KIMI, "manage") == "gauntlet-manager"
     with pytest.raises(UsageError, match="the local back end does not do Access"):
         require(BACKENDS["local"], Access, "render")

@@ -11,8 +11,8 @@ from gauntlet.contract import UsageError
 from gauntlet.params import load_profile
 from gauntlet.workflows import refs
 from gauntlet.workflows.conditions import ExpressionError, check_when, depends_tasks, eval_depends, eval_when
-from gauntlet.workflows.graph import (PHASES, SUCCEEDED, SUCCEEDED_OR_FAILED, SUCCEEDED_OR_SKIPPED, ConditionError,
-                                      Dag, Need, Task, When, build_graph)
+from gauntlet.workflows.graph import (ANY_OUTCOME, PHASES, SUCCEEDED, SUCCEEDED_OR_FAILED, SUCCEEDED_OR_SKIPPED,
+                                      ConditionError, Dag, Need, Task, When, build_graph)
 from gauntlet.workflows.render import argo_depends, argo_when
 
 # ------------------------------------------------------------------ depends
@@ -166,9 +166,15 @@ def test_the_argo_graph_has_the_cluster_gates():
     assert {"nodes-0", "nodes-1", "network"} <= set(names)
     assert argo.main.task("prewarm-0").when == PREWARM
     assert argo.main.task("preflight-0").depends == (Need("prewarm-0", SUCCEEDED_OR_SKIPPED),)
-    # no engine starts before Gate 1 passed
-    assert argo.main.task("sglang").depends == (Need("network", SUCCEEDED),)
-    assert argo.main.task("report").depends == (Need("regress", SUCCEEDED_OR_FAILED),)
+    # no engine starts before Gate 1 passed, its own engine check passed and its image is on every pool node (a pull
+    # Skipped: not this engine's run); the second engine after the first's sequence, whatever happened there
+    assert argo.main.task("sglang").depends == (Need("network", SUCCEEDED), Need("engine-check-sglang", SUCCEEDED_OR_SKIPPED),
+                                                Need("pull-sglang-0", SUCCEEDED_OR_SKIPPED),
+                                                Need("pull-sglang-1", SUCCEEDED_OR_SKIPPED))
+    assert argo.main.task("vllm").depends == (Need("network", SUCCEEDED), Need("engine-check-vllm", SUCCEEDED_OR_SKIPPED),
+                                              Need("pull-vllm-0", SUCCEEDED_OR_SKIPPED),
+                                              Need("pull-vllm-1", SUCCEEDED_OR_SKIPPED), Need("sglang", ANY_OUTCOME))
+    assert argo.main.task("report").depends == (Need("params", SUCCEEDED), Need("regress", ANY_OUTCOME))
 
 
 def test_the_local_graph_prepares_the_model_first():
@@ -221,7 +227,7 @@ def _walk(dag, engine: str) -> list[str]:
 
 
 @pytest.mark.parametrize("profile, backend, engine, variants", [
-    ("kimi-k3-h20", "argo", "sglang", ["exp-prefix-cache", "exp-dspark", "exp-hicache"]),
+    ("kimi-k3-h20", "argo", "sglang", ["exp-prefix-cache", "exp-dspark", "exp-hicache", "exp-symm-mem"]),
     ("kimi-k3-h20", "argo", "vllm", ["exp-prefix-cache"]),
     ("local-cpu", "local", "vllm", ["exp-prefix-cache"]),
 ])
@@ -235,7 +241,7 @@ def test_the_baseline_is_released_before_any_variant_and_measured_before(profile
     assert seq.task("baseline-phases").depends == (Need("confirm", SUCCEEDED_OR_SKIPPED),)
     assert ran.index("release-baseline") == first_variant - 1 and ran[-1] == "teardown"
     release, final = seq.task("release-baseline"), seq.task("teardown")
-    assert (release.step, release.args) == ("teardown", final.args) and "--variant" not in release.args
+    assert (release.step, release.args) == ("teardown", final.args[:len(release.args)]) and "--variant" not in release.args
     for v in variants:
         args = seq.task(v).args
         assert args[args.index("--variant") + 1] == v.removeprefix("exp-") and "--baseline-endpoint" not in args
@@ -261,3 +267,131 @@ def test_a_profile_without_experiments_has_no_gate6_tasks():
     names = [t.name for t in seq.tasks]
     assert not {"baseline-phases", "release-baseline"} & set(names)
     assert seq.task("teardown").depends[0].task.startswith("longctx")
+
+
+# ------------------------------------------------------------------ a failure stops only what depends on it
+
+def _value(ref: refs.Ref, inputs: dict[str, str], engines: str) -> str:
+    """What a `when` reads in a run where nothing unlocks, nothing is suspected and nothing is prewarmed."""
+    if ref.kind == "input":
+        return inputs[ref.name]
+    return engines if ref == refs.parameter("engines") else "false"
+
+
+def simulate(profile: str, forced: dict[str, str], engines: str = "both") -> tuple[dict[str, str], str]:
+    """(task path -> phase, the workflow's phase) when each task of ``forced`` ends so and every other that
+    runs passes, ``depends`` and ``when`` evaluated as both back ends do, a DAG judged as Argo judges it
+    (workflows/phase.py). A step given ``--upstream`` judges it as the real step does (shared_options)."""
+    from gauntlet.steps.gates.shared_options import upstream_check, upstream_phases
+    from gauntlet.workflows.phase import dag_phase
+
+    p = load_profile(profile)
+    g = build_graph(p, "argo" if p.hardware.kind == "kubernetes" else "local")
+    phases: dict[str, str] = {}
+
+    def walk(dag, prefix: str, inputs: dict[str, str]) -> str:
+        mine: dict[str, str] = {}
+        for t in dag.tasks:
+            if not all(n.met(mine) for n in t.depends):
+                ph = "Omitted"
+            elif t.when is not None and not t.when.holds(_value(t.when.subject, inputs, engines)):
+                ph = "Skipped"
+            elif t.dag:
+                ph = walk(g.dag(t.dag), f"{t.name}/", dict(t.inputs))
+            elif prefix + t.name in forced:
+                ph = forced[prefix + t.name]
+            else:
+                up = list(t.args[t.args.index("--upstream") + 1:]) if "--upstream" in t.args else []
+                filled = tuple(refs.substitute(a, lambda r: mine.get(r.task)) for a in up)
+                ph = "Failed" if upstream_check(upstream_phases(filled), "simulated") else "Succeeded"
+            mine[t.name] = phases[prefix + t.name] = ph
+        return dag_phase({t.name: t.upstream for t in dag.tasks}, mine)
+
+    return phases, walk(g.main, "", {})
+
+
+def test_all_pass_passes_and_reports():
+    phases, wf = simulate("kimi-k3-h20", {})
+    assert wf == "Succeeded" and phases["report"] == phases["sglang/teardown"] == phases["vllm/teardown"] == "Succeeded"
+    assert [t for t, ph in phases.items() if ph in ("Failed", "Omitted")] == []
+
+
+@pytest.mark.parametrize("failed, stopped, ran", [
+    ("engine-check-vllm", "vllm", "sglang"),       # Gate 0 of one engine stops that engine only
+    ("engine-check-sglang", "sglang", "vllm"),
+])
+def test_an_engine_check_failure_stops_only_that_engines_sequence(failed, stopped, ran):
+    """Before: Gate 1 and both sequences needed every engine check to pass, so one engine's image that did not
+    know a flag omitted the other engine, regress and report: no report.md at all."""
+    phases, wf = simulate("kimi-k3-h20", {failed: "Failed"})
+    assert (phases["nodes-0"], phases["network"]) == ("Succeeded", "Succeeded")     # Gate 1 runs once, for both
+    assert phases[stopped] == "Omitted" and phases[ran] == "Succeeded" and phases[f"{ran}/teardown"] == "Succeeded"
+    assert (phases["regress"], phases["report"], wf) == ("Failed", "Failed", "Failed")
+
+
+@pytest.mark.parametrize("failed", ["vllm/deploy", "vllm/smoke", "sglang/deploy", "sglang/longctx"])
+def test_a_failed_sequence_releases_its_engine_and_still_reports(failed):
+    """Before: regress needed the last sequence Succeeded or Skipped and report needed regress: the likeliest
+    first run (vLLM blocked at start-up) wrote no report. Now the failed sequence's teardown runs (the engine's
+    GPUs back), the other engine's sequence runs after it, regress and report run, and the report (the leaf)
+    fails, so the workflow does."""
+    phases, wf = simulate("kimi-k3-h20", {failed: "Failed"})
+    engine = failed.split("/")[0]
+    other = {"sglang": "vllm", "vllm": "sglang"}[engine]
+    assert phases[f"{engine}/teardown"] == "Failed" and phases[engine] == "Failed"
+    assert phases[other] == "Succeeded"
+    assert (phases["regress"], phases["report"], wf) == ("Failed", "Failed", "Failed")
+
+
+def test_a_failed_variant_stops_neither_the_next_variant_nor_the_report():
+    phases, wf = simulate("kimi-k3-h20", {"sglang/exp-dspark": "Failed"})
+    assert phases["sglang/exp-prefix-cache"] == phases["sglang/exp-hicache"] == phases["sglang/exp-symm-mem"] \
+        == "Succeeded"
+    assert (phases["sglang/teardown"], phases["sglang"], phases["vllm"]) == ("Failed", "Failed", "Succeeded")
+    assert (phases["report"], wf) == ("Failed", "Failed")
+
+
+def test_a_failure_before_the_variants_still_stops_them():
+    """A variant needs the baseline released (release-baseline Succeeded): after a failed Gate 5 none deploys."""
+    phases, _ = simulate("kimi-k3-h20", {"sglang/longctx": "Failed"})
+    assert {phases[f"sglang/{t}"] for t in ("release-baseline", "exp-prefix-cache", "exp-dspark", "exp-hicache",
+                                            "exp-symm-mem")} == {
+        "Omitted"}
+
+
+def test_invalid_parameters_run_nothing_not_even_the_report():
+    phases, wf = simulate("kimi-k3-h20", {"params": "Failed"})
+    assert wf == "Failed" and {ph for t, ph in phases.items() if t != "params"} == {"Omitted"}
+
+
+def test_the_local_graph_follows_the_same_rules():
+    phases, wf = simulate("local-cpu", {"engine-check-llamacpp": "Failed", "vllm/exp-prefix-cache": "Failed"})
+    assert (phases["llamacpp"], phases["vllm/teardown"], phases["vllm"]) == ("Omitted", "Failed", "Failed")
+    assert (phases["regress"], phases["report"], wf) == ("Failed", "Failed", "Failed")
+
+
+@pytest.mark.parametrize("profile", ["kimi-k3-h20", "h200-1gpu", "local-cpu"])
+def test_what_runs_after_a_failure_reads_the_phase_of_every_task_before_it(profile):
+    """teardown, regress and report get ``--upstream TASK={{tasks.TASK.status}}`` for every earlier task of their
+    DAG, each an ancestor (Argo resolves tasks.X.status only for those: dag.go buildLocalScopeFromTask)."""
+    p = load_profile(profile)
+    g = build_graph(p, "argo" if p.hardware.kind == "kubernetes" else "local")
+    for dag, name in [(g.sequences[0], "teardown"), (g.main, "regress"), (g.main, "report")]:
+        t = dag.task(name)
+        before = [x.name for x in dag.tasks[:dag.tasks.index(t)]]
+        up = list(t.args[t.args.index("--upstream") + 1:])
+        assert up == [f"{n}={refs.status(n)}" for n in before]
+        deps = {x.name: set(x.upstream) for x in dag.tasks}
+        ancestors, todo = set(), list(deps[name])
+        while todo:
+            a = todo.pop()
+            if a not in ancestors:
+                ancestors.add(a)
+                todo += deps[a]
+        assert set(before) == ancestors, set(before) ^ ancestors
+
+
+def test_a_status_read_names_an_earlier_task():
+    with pytest.raises(ValueError, match="not earlier tasks"):
+        Dag("d", (Task("a", step="s", args=("--upstream", f"b={refs.status('b')}")), Task("b", step="s")))
+    assert refs.parse("tasks.perf.status") == refs.status("perf") and str(refs.status("perf")) == "{{tasks.perf.status}}"

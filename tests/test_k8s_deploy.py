@@ -54,7 +54,7 @@ def test_deploy_through_the_step_writes_endpoint_and_evidence(cluster, tmp_path)
     assert eng.calls == ["GET /health", "POST /v1/completions max_tokens=1"]
     rec = json.loads((out / "deploy.json").read_text())
     assert rec["image_digest"].startswith("sha256:") and rec["image"].endswith(rec["image_digest"])
-    assert len(rec["argv_per_rank"]) == 2 and rec["env"]["NCCL_MNNVL_ENABLE"] == "1"
+    assert len(rec["argv_per_rank"]) == 2 and rec["env"]["NCCL_CUMEM_ENABLE"] == "1"
     assert {r["node"] for r in rec["ranks"].values()} == {"h20-node-01", "h20-node-02"}
     assert any("mem usage=97.31 GB" in ln for ln in rec["ranks"]["g-sglang-9e0d4c2a-1"]["gpu_memory"])
     assert (out / "logs" / "g-sglang-9e0d4c2a-1.engine.log").read_text() == SGLANG_LOG
@@ -199,4 +199,4 @@ def test_teardown_of_an_unknown_variant_is_a_usage_error(tmp_path, capsys):
                             run_id=UID, variant="nope")
     assert run_step(teardown, ns) == 2
     assert capsys.readouterr().err.strip() == ("UsageError: --variant nope: not in profile kimi-k3-h20 "
-                                               "(has prefix-cache, dspark, hicache)")
+                                               "(has prefix-cache, dspark, hicache, symm-mem)")

@@ -61,8 +61,8 @@ def test_statefulset_shape():
     assert anti["topologyKey"] == "kubernetes.io/hostname" and anti["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
     nodes = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert nodes[0]["matchExpressions"][0]["values"] == ["h20-node-01", "h20-node-02"]
-    c, side = pod["containers"]           # the engine, and its rank's telemetry sampler (tests/test_telemetry.py)
-    assert (c["name"], side["name"]) == ("engine", "telemetry")
+    (c,) = pod["containers"]             # the engine; its rank's telemetry sampler runs in it (tests/test_telemetry.py)
+    assert c["name"] == "engine"
     assert c["image"] == IMAGES["sglang"].ref and "@sha256:" in c["image"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
@@ -72,7 +72,8 @@ def test_statefulset_shape():
     assert vols["model"]["hostPath"]["path"] == KIMI.model.host_cache_path
     assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Gi"}
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["NCCL_MNNVL_ENABLE"] == "1" and env["NCCL_CUMEM_ENABLE"] == "1"
+    # the profile's, and the one SGLang sets itself at start-up (steps/engines/sglang.py env)
+    assert env["NCCL_CUMEM_ENABLE"] == "1" and env["NCCL_NVLS_ENABLE"] == "0"
     (init,) = pod["initContainers"]
     assert f"{KIMI.model.mount_path}/{KIMI.model.marker}" in init["command"][2]
     assert init["volumeMounts"][0]["readOnly"] is True
@@ -127,7 +128,7 @@ def test_probe_job_runs_in_the_engine_image_with_its_env():
     assert spec["backoffLimit"] == 0
     c = spec["template"]["spec"]["containers"][0]
     got = {e["name"]: e.get("value") for e in c["env"]}
-    assert got["NCCL_MNNVL_ENABLE"] == "1" and got["GAUNTLET_PROBE_SRC"] == "SRC" and got["NCCL_DEBUG"] == "INFO"
+    assert got["NCCL_CUMEM_ENABLE"] == "1" and got["GAUNTLET_PROBE_SRC"] == "SRC" and got["NCCL_DEBUG"] == "INFO"
     script = expand_refs(c["command"][2], {})       # what the kubelet hands to sh
     assert "--nnodes 2 --nproc-per-node 8" in script and '"$JOB_COMPLETION_INDEX"' in script
     svc = M.probe_service(KIMI, "inter", UID)

@@ -79,7 +79,7 @@ def test_intra_then_inter_jobs_judged_and_deleted(cluster, tmp_path):
     assert any(p.endswith("/services/g-netprobe-inter-3a4b5c6d-rdzv") for p in applied)
     assert (out / "probe-intra-g-netprobe-intra-3a4b5c6d-1-x1.log").exists()
     env = json.loads((out / "probe-env.json").read_text())
-    assert env["NCCL_MNNVL_ENABLE"] == "1" and env["NCCL_CUMEM_ENABLE"] == "1"
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["NCCL_CUMEM_ENABLE"] == "1"     # NVLS as SGLang sets it
 
 
 def test_wrong_values_and_slow_links_fail(cluster, tmp_path):

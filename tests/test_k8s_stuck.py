@@ -4,7 +4,9 @@ the grace, named with the cluster's own message.
 The pods in tests/fixtures/box-pods/ were read back from the box's API server (``GET`` of the pod,
 ``managedFields`` dropped): ``unschedulable.json`` carries the condition the REAL kube-scheduler wrote;
 the image-pull and config-error pods carry the waiting states the box's process kubelet writes in a real
-kubelet's words (box/kubelet.py; no real kubelet runs here).
+kubelet's words (box/kubelet.py; no real kubelet runs here). ``failed-create-events.json`` holds the events the
+REAL StatefulSet controller recorded when the REAL PodSecurity admission refused the engine's pods in a namespace
+labelled baseline (tests/test_box_pod_security.py, which also runs deploy there for real).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ UID = "9e0d4c2a-1111-2222-3333-444455556666"
 
 def box_pod(name: str) -> dict:
     return json.loads((PODS / f"{name}.json").read_text())
+
+
+def box_events() -> list[dict]:
+    return json.loads((PODS / "failed-create-events.json").read_text())["items"]
 
 
 class Clock:
@@ -119,4 +125,45 @@ def test_deploy_fails_on_an_unschedulable_rank_quoting_the_scheduler_and_scales_
         msg = next(c for c in real["status"]["conditions"] if c["type"] == "PodScheduled")["message"]
         assert ready.status == "fail" and f"g-sglang-9e0d4c2a-1: Unschedulable: {msg}" in ready.detail
         assert d.get("statefulsets", "gauntlet", "g-sglang-9e0d4c2a")["spec"]["replicas"] == 0
+        assert metrics["outputs"]["endpoint"] == "" and eng.calls == []
+
+
+def test_the_controllers_failed_create_is_quoted_verbatim_and_other_events_are_not():
+    (ev,) = box_events()
+    assert S.failed_create([ev]) == f"FailedCreate: {ev['message']}"
+    assert 'violates PodSecurity "baseline:latest"' in ev["message"] and ev["source"]["component"] == "statefulset-controller"
+    older = {**ev, "message": "an older refusal", "lastTimestamp": "2026-12-05T16:00:00Z"}
+    assert S.failed_create([older, ev]) == f"FailedCreate: {ev['message']}"          # the newest
+    assert S.failed_create([{**ev, "reason": "SuccessfulCreate"}]) is None
+
+
+def test_a_controller_short_of_pods_is_stuck_after_the_grace_and_not_once_its_pods_come():
+    clock = Clock()
+    w = S.StuckWatch(grace=60, clock=clock)
+    why = S.failed_create(box_events())
+    assert w.check([], {"StatefulSet g-sglang-9e0d4c2a": why}) is None
+    clock.t += 60
+    assert w.check([], {"StatefulSet g-sglang-9e0d4c2a": why}) == f"StatefulSet g-sglang-9e0d4c2a: {why} (for 60s)"
+    clock.t += 1
+    assert w.check([]) is None                  # its pods were created (no FailedCreate counted any more)
+
+
+def test_deploy_fails_when_no_rank_can_be_created_quoting_the_failed_create(monkeypatch, tmp_path):
+    """Against the API double: the StatefulSet is accepted but its pods are refused, as the box's API server refused
+    them (its controller's event, captured); with a zero grace deploy fails on the first poll quoting the event,
+    instead of waiting its ready timeout (90 minutes for the Kimi K3) for pods that never come, and scales to 0."""
+    (real,) = box_events()
+    with K8sDouble() as d, FakeEngine() as eng:
+        monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
+        monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
+        monkeypatch.setenv(S.GRACE_ENV, "0")
+        monkeypatch.delenv("GAUNTLET_NAMESPACE", raising=False)
+        monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
+        d.refuse = lambda owner, pod: {k: real[k] for k in ("reason", "message", "type", "source", "lastTimestamp")}
+        opts = deploy.Options(profile=KIMI, engine="sglang", variant=None, run_id=UID, backend="kubernetes")
+        checks, metrics = _deploy_k8s.deploy(opts, tmp_path)
+        ready = {c.name: c for c in checks}["ready"]
+        assert ready.status == "fail" and ready.detail.startswith(
+            f"sglang not ready: cannot start: StatefulSet g-sglang-9e0d4c2a: FailedCreate: {real['message']} (for 0s)")
+        assert d.names("pods") == [] and d.get("statefulsets", "gauntlet", "g-sglang-9e0d4c2a")["spec"]["replicas"] == 0
         assert metrics["outputs"]["endpoint"] == "" and eng.calls == []

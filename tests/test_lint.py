@@ -99,6 +99,12 @@ def output_from_non_ancestor(wt):
     _task(wt, "engine-sequence", "smoke")["when"] = "{{tasks.perf.outputs.parameters.unlock_c32_1k_1k}} == true"
 
 
+def status_from_non_ancestor(wt):
+    """smoke reads perf's phase: perf runs after smoke, so Argo would refuse it ("missing dependency")."""
+    _task(wt, "engine-sequence", "smoke").setdefault("arguments", {}).setdefault("parameters", []).append(
+        {"name": "perf-status", "value": "{{tasks.perf.status}}"})
+
+
 def relative_host_path(wt):
     next(v for v in wt["spec"]["volumes"] if v.get("hostPath"))["hostPath"]["path"] = ".cache/models/smollm2"
 
@@ -143,6 +149,7 @@ MISTAKES = {
     "missing_template": (missing_template, "template-ref"),
     "wrong_type": (wrong_type, "schema.type"),
     "output_from_non_ancestor": (output_from_non_ancestor, "output-ref"),
+    "status_from_non_ancestor": (status_from_non_ancestor, "status-ref"),
 }
 
 

@@ -134,6 +134,8 @@ def test_what_llama_cpp_cannot_do_is_refused_in_one_line(args, named):
         engine_flags("llamacpp", _spec(**args))
     with pytest.raises(UsageError, match="tool_call_parser"):
         engine_flags("llamacpp", _spec().model_copy(update={"tool_call_parser": "hermes"}))
+    with pytest.raises(UsageError, match="^engines.llamacpp.dist_timeout_s: llama.cpp's server is one process"):
+        engine_flags("llamacpp", _spec().model_copy(update={"dist_timeout_s": 1800}))
     with pytest.raises(UsageError, match="dtype"):
         _llamacpp.gguf_path("/m", "int3")
 

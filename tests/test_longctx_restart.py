@@ -213,6 +213,48 @@ def test_k8s_failed_restart_is_an_error_rung_naming_the_restart(cluster, tmp_pat
     assert len(chat.prompts) == 3                                                  # only the 32K rung was sent
 
 
+def _sglang_kv_pool_warning(pool: int, context: int) -> str:
+    """SGLang's own warning, formatted from its template as its logger would: the ``logger.warning`` call in
+    sglang/srt/managers/tp_worker.py (TpModelWorker.get_worker_info) read from the installed source."""
+    import ast
+    import importlib.util
+    spec = importlib.util.find_spec("sglang.srt.managers.tp_worker")
+    if spec is None or spec.origin is None:
+        pytest.skip("sglang is not installed (.ci/install-sglang.sh)")
+    tree = ast.parse(Path(spec.origin).read_text())
+    (template,) = [ast.literal_eval(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                   and getattr(n.func, "attr", "") == "warning" and n.args and isinstance(n.args[0], ast.Constant)
+                   and str(n.args[0].value).startswith("KV pool holds")]
+    return f"[2026-12-05 02:14:07 TP0] {template % (pool, context)}"
+
+
+def test_the_kv_pool_pattern_matches_sglangs_own_message():
+    from gauntlet.steps.engines.sglang import KV_POOL_CAPPED
+    m = KV_POOL_CAPPED.search(_sglang_kv_pool_warning(250000, 262144))
+    assert m and (m["pool"], m["context"]) == ("250000", "262144")
+
+
+def test_k8s_restart_whose_kv_pool_cannot_hold_the_rung_fails_naming_it(cluster, tmp_path):
+    """Fails before the fix (the restart's logs were never read): SGLang comes up at 65536 but warns its KV pool
+    holds 60000 tokens; restart-65536 fails quoting the line, the rung is not sent and the climb stops."""
+    d, chat = cluster
+    warning = _sglang_kv_pool_warning(60000, 65536)
+
+    def log(pod, container):
+        ctx = context_of("sglang", _deploy_k8s._rank0_argv(pod["spec"]["containers"][0]["command"][-1]))
+        return f"log of {pod['metadata']['name']}\n" + (f"{warning}\n" if ctx == 65536 and container == "engine" else "")
+    d.pod_log = log
+    checks, metrics = _ladder(chat, tmp_path, "32768,65536,131072")
+    by = {c.name: c for c in checks}
+    assert by["restart-65536"].status == "fail"
+    assert "KV pool holds 60000 tokens, fewer than --context-length 65536" in by["restart-65536"].detail
+    assert (by["rung-65536"].status, by["rung-65536"].observed) == ("fail", "KV pool capped")
+    assert "not sent" in by["rung-65536"].detail and by["rung-131072"].status == "skip"
+    assert len(chat.prompts) == 3                                                  # only the 32K rung was sent
+    (rs,) = metrics["engine_restarts"]
+    assert rs["ok"] and rs["kv_pool"].startswith("g-sglang-") and ".engine.log: " in rs["kv_pool"]
+
+
 def test_report_shows_a_line_per_restart(tmp_path):
     from gauntlet.contract import Check, Verdict, now_iso
     from gauntlet.steps.evidence.report import write_report

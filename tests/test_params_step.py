@@ -32,15 +32,26 @@ def _given(**values: str) -> str:
 GOOD = {"engines": "sglang", "prewarm": "false", "results-uri": "/runs/results", "retry-backoff": "1s"}
 
 
-def test_good_parameters_pass():
-    opts = step.Options(given=_given(**GOOD), allowed=_allowed())
+def test_good_parameters_pass(tmp_path):
+    """Locally the parameters are all; on the cluster (the API double holding a privileged namespace and the label
+    policy, tests/test_admission.py) the step then passes the namespace's Pod Security level and the policy too."""
+    import os
+
+    from k8s_double import K8sDouble
+    from test_admission import admitting
+    opts = step.Options(profile=load_profile("local-cpu"), given=_given(**GOOD), allowed=_allowed())
     checks, metrics = step.run(opts, None)
-    # as the rendered template runs it: every parameter, and the argv a pod gets (--profile included)
-    r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "step", "params", "--profile", KIMI,
-                        "--out", "/dev/null/x", "--given", _given(**GOOD), "--allowed", *_allowed()],
-                       capture_output=True, text=True)
-    assert r.returncode in (0, 1) and "UsageError" not in r.stderr, r.stderr
     assert [c.status for c in checks] == ["pass"] and metrics["parameters"] == GOOD
+    # as the rendered template runs it: every parameter, and the argv a pod gets (--profile included)
+    with K8sDouble() as d:
+        admitting(d, load_profile(KIMI))
+        r = subprocess.run([sys.executable, "-m", "gauntlet.workflows.cli", "step", "params", "--profile", KIMI,
+                            "--out", str(tmp_path), "--given", _given(**GOOD), "--allowed", *_allowed()],
+                           capture_output=True, text=True, env={**os.environ, "GAUNTLET_KUBE_API": d.url})
+    assert r.returncode == 0 and "UsageError" not in r.stderr, r.stdout + r.stderr
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert [(c["name"], c["status"]) for c in verdict["checks"]] == [
+        ("parameters", "pass"), ("pod-security", "pass"), ("label-policy", "pass")]
 
 
 @pytest.mark.parametrize("bad, says", [

@@ -101,6 +101,37 @@ def test_null_server_streams_the_usage_the_client_counts():
     assert plain[-1] == "[DONE]" and all(json.loads(e)["choices"] for e in plain[:-1]) and len(plain) == 6
 
 
+def prof_hang_timeout(path: Path) -> float:
+    return load_profile(path).bench.hang_timeout_s
+
+
+def prof_tolerance(path: Path) -> float:
+    return load_profile(path).bench.token_count_tolerance
+
+
+@pytest.mark.engine
+def test_climb_real_engine(tmp_path, endpoint):
+    """The qualification's climb on the real engine: each step measured with the real client, judged as soon as
+    it is measured; local-cpu's loose SLO holds at C1 and C2, so the climb reaches its top."""
+    prof = small_profile(tmp_path, slo={"ttft_p99_ms": 10000, "tpot_p99_ms": 1000, "climb": [1, 2],
+                                        "climb_case": "c2-128-32"})
+    out = tmp_path / "run1" / "vllm" / "perf-climb"
+    store = tmp_path / "store"
+    rc = gauntlet(["step", "perf", "--profile", str(prof), "--out", str(out), "--engine", "vllm",
+                   "--endpoint", endpoint, "--cases", "c2-128-32", "--phase", "climb", "--results-uri", str(store)])
+    v = json.loads((out / "verdict.json").read_text())
+    assert rc == 0, v
+    climb = v["metrics"]["climb"]
+    assert [s["concurrency"] for s in climb["steps"]] == [1, 2] and climb["highest"] == 2, climb
+    assert climb["not_run"] == [] and "the climb's top" in climb["reason"]
+    # one warmup, before the first step only; one round a step
+    assert v["metrics"]["cases"]["climb-c1"]["warmup"] is not None and v["metrics"]["cases"]["climb-c2"]["warmup"] is None
+    t = read_rounds(store)
+    assert t.num_rows == 2 and set(t.column("phase").to_pylist()) == {"climb"}
+    assert all(t.column("token_counts_agree").to_pylist())
+    assert next(c for c in v["checks"] if c["name"] == "climb/highest")["observed"] == 2
+
+
 @pytest.mark.engine
 def test_perf_real_engine(tmp_path, endpoint):
     prof = small_profile(tmp_path)
@@ -122,6 +153,18 @@ def test_perf_real_engine(tmp_path, endpoint):
     unlock = (out / "outputs" / "unlock_c4_128_32").read_text()
     stable = case["stability"]["stable"]
     assert unlock == ("true" if stable and res["headroom"] >= 0.05 else "false")
+    # the headroom is vLLM's own KV usage gauge under the load (vllm:kv_cache_usage_perc), nothing else
+    for r in case["rounds"]:
+        kv = r["resources"]["engine_kv_usage_max"]
+        assert kv is not None and 0 < kv < 1 and r["headroom"] == pytest.approx(1 - kv)
+    assert case["headroom"] == pytest.approx(min(r["headroom"] for r in case["rounds"]))
+    gate = next(c for c in v["checks"] if c["name"] == "unlock/c4-128-32")
+    assert ("KV-cache headroom" if stable else "unstable") in gate["detail"]    # a loaded machine may be unstable
+    # its token counter moved all along: no stall anywhere near the hang timeout
+    assert all(r["resources"]["engine_stall_max_s"] < prof_hang_timeout(prof) for r in case["rounds"])
+    # the request set each round sent, drawn again by vLLM's code: the same seed, the same digest
+    digests = {r["requests_sha256"] for r in case["rounds"]}
+    assert len(digests) == 1 and None not in digests and all(r["requests_note"] is None for r in case["rounds"])
     t = read_rounds(store, profile="local-cpu", engine="vllm")
     assert t.num_rows == 3 and set(t.column("phase").to_pylist()) == {"measure"}
     assert set(t.column("run_id").to_pylist()) == {"run1"}
@@ -133,6 +176,23 @@ def test_perf_real_engine(tmp_path, endpoint):
     head = next(c for c in v["checks"] if c["name"] == "c2-128-32/client-headroom")
     assert head["status"] == "pass" and head["observed"] < 0.1
     assert all(r is not None for r in read_rounds(store).column("client_ceiling").to_pylist())
+    assert set(read_rounds(store).column("requests_sha256").to_pylist()) == digests
+    # the engine's own counters over each round's window agree with the client's counts (bench.token_count_tolerance)
+    for r in case["rounds"]:
+        assert r["token_counts_agree"] is True, r["token_counts_detail"]
+        assert r["engine_generation_tokens"] == r["total_output_tokens"] == 64
+        assert r["engine_prompt_tokens"] == pytest.approx(r["total_input_tokens"], rel=prof_tolerance(prof))
+        # vLLM's own preemption counter was read (0 at this load); every figure it lacks says why
+        assert r["engine_preemptions"] == 0 and r["engine_running_max"] >= 1
+        assert {k for k in ("prefix_cache_hit_rate", "engine_spec_acceptance_length") if r[k] is None} <= \
+            set(r["engine_notes"])
+    stored = read_rounds(store).to_pylist()
+    assert all(x["token_counts_agree"] and x["engine_generation_tokens"] == 64 and x["engine_preemptions"] == 0
+               and json.loads(x["engine_notes"]) is not None for x in stored)
+    # the client's own goodput against local-cpu's loose SLO, and the case's p99s judged against it
+    assert all(r["request_goodput"] > 0 for r in case["rounds"]) and case["slo"]["met"] is True
+    assert next(c for c in v["checks"] if c["name"] == "c2-128-32/slo")["status"] == "pass"
+    assert all(x["slo_met"] is True and x["slo_ttft_p99_ms"] == 10000 for x in stored)
     # per-request TTFTs from the real client: the cold-start check has its input
     assert all(r["first_ttft_ms"] > 0 for r in case["rounds"])
     assert next(c for c in v["checks"] if c["name"] == "c2-128-32/warm")["status"] in ("pass", "skip")
@@ -166,13 +226,14 @@ def test_a_cold_first_round_lengthens_the_warmup_and_measures_again(tmp_path, mo
     from gauntlet.steps.client.bench import ClientRun
     calls = []
 
-    def fake_client(req, python=None):
+    def fake_client(req, python=None, **_):
         calls.append((req.num_prompts, req.result_path.name))
         first_round = req.result_path.name.endswith("round1.json")
         ttfts = [0.6] + [0.1] * (req.num_prompts - 1) if first_round else [0.1] * req.num_prompts
         return ClientRun(_detailed(ttfts), 1.0, 1.0, "fake")
 
     monkeypatch.setattr(perf, "run_client", fake_client)
+    monkeypatch.setattr(perf, "sample_requests", lambda req: [])      # no tokenizer "t" to draw them with
     prof = load_profile("local-cpu")
     case = prof.bench.cases[0]
     res = perf.measure_case(case, prof, endpoint="http://127.0.0.1:9", tokenizer="t", out=tmp_path, meta={},

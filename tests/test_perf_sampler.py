@@ -63,7 +63,12 @@ def test_summary_headroom_and_expert_load_unavailable():
     assert s["gpu_source"].startswith("unavailable")
 
 
-def test_headroom_gpu_memory_wins_when_tighter():
-    assert headroom({"engine_kv_usage_max": 0.1, "gpu_mem_used_frac_max": 0.95, "gpu_source": "nvidia-smi"}) == \
-        pytest.approx(0.05)
+def test_headroom_is_the_engines_kv_cache_not_gpu_or_host_memory():
+    """SGLang's static pool (--mem-fraction-static 0.9) shows as 95% GPU memory used at any load; a bench pod's
+    host memory says nothing of the GPUs: neither decides, the engine's KV usage gauge does (none: unknown)."""
+    static_pool = {"engine_kv_usage_max": 0.1, "gpu_mem_used_frac_max": 0.95, "gpu_source": "nvidia-smi"}
+    assert headroom(static_pool) == pytest.approx(0.9)
+    assert headroom({"engine_kv_usage_max": None, "host_mem_free_frac_min": 0.6,
+                     "gpu_source": "not sampled on the engine's nodes: rank 0 unreachable"}) is None
+    assert headroom({"gpu_mem_used_frac_max": 0.2, "gpu_source": "nvidia-smi"}) is None
     assert headroom({}) is None

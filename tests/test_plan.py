@@ -45,9 +45,11 @@ def test_arithmetic_by_hand() -> None:
     # n = 2 x 2 = 4 prompts; waves: warmup ceil(2/2) = 1, rounds 3 x ceil(4/2) = 6; a wave: 2 x 100 prefill
     # tokens at 1000 tok/s + 50 output tokens at 10 tok/s = 5.2 s; plus the ceiling run and the client start
     assert _row(plan, "vllm/perf").seconds == pytest.approx(60 + 15 + 7 * 5.2)
-    # one rung of 65536 over the served 32768: one restart (a load), then one depth: prefill + 10-token answer
-    assert _row(plan, "vllm/longctx").seconds == pytest.approx(load + 65536 / 1000 + 10 / 10)
-    assert "1 restart" in _row(plan, "vllm/longctx").detail
+    # one rung of 65536 over the served 32768: one restart (every rank stopped: the teardown figure, 300 s; then a
+    # load), then one depth: prefill + the reply budget, the 10-token answer and Qwen3's thinking (model.reasoning:
+    # the default 4096 tokens) at 10 tok/s
+    assert _row(plan, "vllm/longctx").seconds == pytest.approx(300 + load + 65536 / 1000 + (10 + 4096) / 10)
+    assert "1 restart(s) x (stop + load)" in _row(plan, "vllm/longctx").detail
     # GPUs: none in Gate 0, the node's in Gate 1, the engine's from deploy to teardown; GPU-h accumulate
     assert _row(plan, "preflight-0").gpus == 0 and _row(plan, "nodes-0").gpus == 1
     perf = _row(plan, "vllm/perf")
@@ -151,7 +153,79 @@ def test_cli_plan_table_and_json(capsys) -> None:
     out = capsys.readouterr().out
     assert "vllm/perf" in out and "assumptions:" in out and "engines.vllm.plan.case_tps.c2-128-32" in out
     assert main(["plan", "--profile", "kimi-k3-h20", "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert set(both) == {"qualification", "nightly"} and both["nightly"]["run"] == "nightly"
+    assert main(["plan", "--profile", "kimi-k3-h20", "--json", "--run", "qualification"]) == 0
     d = json.loads(capsys.readouterr().out)
+    assert d == both["qualification"]
     assert d["orchestrator"] == "argo" and d["total_s"] <= d["workflow_deadline_s"]
     assert {r["path"] for r in d["rows"]} >= {"sglang/deploy", "vllm/exp-prefix-cache", "cleanup"}
     assert next(r for r in d["rows"] if r["path"] == "sglang/perf")["gpus"] == 16
+
+
+def test_kimi_collective_timeout_outlasts_the_worst_rank_start_up_skew() -> None:
+    """A rank waits in its first collective (the rendezvous, then the first all-reduce after loading) for the
+    slowest of the 16: at worst one that still pulls the engine image (the plan's cold pull, Gate 1's pull
+    task) and then reads its share of the weights at the profile's read rate (8 ranks share a node's
+    rate). That is past torch's 600 s NCCL default, so each engine's dist_timeout_s must outlast it."""
+    profile = load_profile("kimi-k3-h20")
+    plan = plan_profile(profile)
+    hw, m = profile.hardware, profile.model
+    assert m.weight_bytes is not None and hw.storage.read_gbps is not None
+    read_s = m.weight_bytes / hw.total_gpus / (hw.storage.read_gbps * 1e9 / hw.gpus_per_node)
+    for engine, spec in profile.engines.items():
+        skew = _row(plan, f"pull-{engine}-1").seconds + read_s
+        assert read_s == pytest.approx(156.1, abs=0.1) and skew > 600
+        assert spec.dist_timeout_s is not None and spec.dist_timeout_s >= skew, (engine, spec.dist_timeout_s, skew)
+        assert spec.dist_timeout_s == suggested_timeout(skew)      # the plan's margin rule, as its deadlines
+
+
+def test_kimi_nightly_fits_its_window_and_budget_and_shows_beside_the_qualification(capsys) -> None:
+    """Two runs from one graph: the nightly is Gate 0, Gate 1, the baseline's deploy, smoke, Gate 4 on the
+    regression cases with the confirm stage, regress, report, cleanup; its plan fits nightly.window_h and
+    nightly.gpu_hours, and `gauntlet plan` prints both runs."""
+    p = load_profile("kimi-k3-h20")
+    night, qual = plan_profile(p, "nightly"), plan_profile(p, "qualification")
+    paths = {r.path for r in night.rows}
+    assert paths == {"params", "preflight-0", "preflight-1", "preflight-compare", "engine-check-sglang", "nodes-0",
+                     "nodes-1", "pull-sglang-0", "pull-sglang-1", "network", "sglang/deploy", "sglang/smoke",
+                     "sglang/perf", "sglang/suspect", "sglang/confirm", "sglang/teardown", "regress", "report",
+                     "cleanup"}, sorted(paths)
+    perf = next(r for r in night.rows if r.path == "sglang/perf")
+    assert perf.detail.startswith("2 case(s)")
+    confirm = next(r for r in night.rows if r.path == "sglang/confirm")
+    assert confirm.detail.startswith("2 case(s)") and "6 rounds" in confirm.detail   # the nightly's cases, not all 4
+    assert night.workflow_deadline_s == int(p.nightly.window_h * 3600) and night.gpu_h_budget == p.nightly.gpu_hours
+    assert night.total_s <= night.workflow_deadline_s and night.gpu_h_total <= night.gpu_h_budget
+    assert too_short(night) is None
+    assert night.total_s < qual.total_s / 5 and night.gpu_h_total < qual.gpu_h_total / 5
+    assert main(["plan", "--profile", "kimi-k3-h20"]) == 0
+    out = capsys.readouterr().out
+    assert "the qualification run (argo)" in out and "the nightly run (argo)" in out and "whole night:" in out
+    runs = out.split("\nruns:\n", 1)[1].splitlines()
+    assert runs[0].split()[0] == "qualification" and runs[1].split()[0] == "nightly"
+
+
+def _nightly(**nightly) -> Profile:
+    d = yaml.safe_load(profile_path("kimi-k3-h20").read_text())
+    d["nightly"].update(nightly)
+    return Profile.model_validate(d, strict=False)
+
+
+def test_a_nightly_over_its_window_or_budget_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    """render refuses (exit 2, one line naming the limit) a nightly whose plan outgrows its window or its
+    GPU-hour budget, and writes nothing."""
+    over_window = _nightly(window_h=2.0)
+    why = too_short(plan_profile(over_window, "nightly"))
+    assert why is not None and "nightly: the run needs" in why and "nightly.window_h is 2.0 h" in why
+    over_budget = _nightly(gpu_hours=20)
+    why = too_short(plan_profile(over_budget, "nightly"))
+    assert why is not None and "its budget nightly.gpu_hours is 20" in why and "--run nightly" in why
+    for name, prof in (("window", over_window), ("budget", over_budget)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(prof.model_dump(mode="json")))
+        out = tmp_path / f"out-{name}"
+        assert main(["render", "--profile", str(path), "--out", str(out), "--allow-unverified-images"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("RenderError: kimi-k3-h20 nightly:"), err
+        assert not out.exists()

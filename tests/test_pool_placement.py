@@ -109,10 +109,13 @@ def test_every_pool_pod_of_the_template_is_pinned_and_tolerates_and_no_other_pod
             continue
         mounts = {v["name"] for v in t["container"].get("volumeMounts", [])}
         gpus = "nvidia.com/gpu" in (t["container"].get("resources", {}).get("requests") or {})
-        (pool if mounts & {"model-cache", "model-cache-rw"} or gpus else other).append(t)
+        per_node = t["container"]["args"][:1] == ["step"] and needs_of(t["container"]["args"][1]).per_node
+        (pool if mounts & {"model-cache", "model-cache-rw"} or gpus or per_node else other).append(t)
     names = {t["name"] for t in pool}
-    # engine-check mounts the model's hostPath: before issue 18 it could land on any node
-    assert {"engine-check-sglang", "engine-check-vllm", "preflight-0", "preflight-1", "nodes-0", "nodes-1"} <= names
+    # engine-check mounts the model's hostPath: before issue 18 it could land on any node; Gate 1's pulls
+    # mount nothing and take no GPU but are pinned to their node (the image is pulled there)
+    assert {"engine-check-sglang", "engine-check-vllm", "preflight-0", "preflight-1", "nodes-0", "nodes-1",
+            "pull-sglang-0", "pull-vllm-1"} <= names
     for t in pool:
         assert t["tolerations"] == [GPU_TAINT], t["name"]
         assert t["priorityClassName"] == "gpu-batch", t["name"]
@@ -120,6 +123,7 @@ def test_every_pool_pod_of_the_template_is_pinned_and_tolerates_and_no_other_pod
         assert "nodeSelector" not in t
     by = {t["name"]: t for t in pool}
     assert _pinned(by["preflight-1"]) == ["h20-node-02"] and _pinned(by["nodes-0"]) == ["h20-node-01"]
+    assert _pinned(by["pull-vllm-1"]) == ["h20-node-02"]
     assert _pinned(by["engine-check-vllm"]) == ["h20-node-01", "h20-node-02"]
     assert other and all("tolerations" not in t and "affinity" not in t and "priorityClassName" not in t
                          for t in other)

@@ -21,7 +21,7 @@ import yaml
 from gauntlet.params import load_profile
 from gauntlet.params.models import Profile
 from gauntlet.contract import Verdict
-from gauntlet.steps.model.synth import synth_from_profile
+from gauntlet.steps.model.synth import profile_of, synth_from_profile
 from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
@@ -57,8 +57,9 @@ def model(tmp_path, clean_template) -> Path:
 
 @pytest.fixture
 def profile(clean_template) -> Profile:
-    """The Kimi profile with the synthetic directory's byte total (the small synth is not 1.56 TB)."""
-    return _with(KIMI, weight_bytes=_total(clean_template))
+    """The Kimi profile with the synthetic directory's byte total and expert count (the small synth is not
+    1.56 TB, nor 896 experts a layer)."""
+    return profile_of(KIMI, clean_template)
 
 
 def run_preflight(tmp_path: Path, model: Path, profile: Profile, *extra: str) -> tuple[int, Verdict]:
@@ -105,9 +106,112 @@ def test_clean_synthetic_kimi_passes_with_fingerprint(tmp_path, model, profile):
     fp = v.metrics["fingerprint"]
     assert len(fp["sha256"]) == 64 and len(fp["shards"]) == 96
     assert (tmp_path / "out" / "outputs" / "fingerprint").read_text() == fp["sha256"]
-    unknown = {c.name for c in v.checks if c.status == "skip"}
-    assert "config.num_hidden_layers" in unknown  # null in the Kimi profile: reported, not passed
-    assert v.metrics["revision"] == "synthetic"
+    skipped = {c.name for c in v.checks if c.status == "skip"}
+    assert skipped == {"object-checksums"}         # every expectation of the profile judged (none null)
+    assert v.metrics["revision"] == KIMI.model.revision
+
+
+# ---------------------------------------------------------------- expectations the profile leaves null
+
+NULLED = {"config.num_hidden_layers": "model.architecture.num_hidden_layers",
+          "config.moe.n_routed_experts": "model.architecture.moe.n_routed_experts",
+          "config.quantization.quant_method": "model.architecture.quantization.quant_method",
+          "quant-dtypes.scale": "model.architecture.quantization.scale_dtypes",
+          "revision": "model.revision"}
+
+
+def _nulled(profile: Profile) -> Profile:
+    """``profile`` (filled, cluster) with five expectations null: an architecture number, an MoE count, the
+    quantization method, the scale dtypes, the revision."""
+    a = profile.model.architecture
+    arch = a.model_copy(update={"num_hidden_layers": None,
+                                "moe": a.moe.model_copy(update={"n_routed_experts": None}),
+                                "quantization": a.quantization.model_copy(update={"quant_method": None,
+                                                                                   "scale_dtypes": []})})
+    return _with(profile, architecture=arch, revision=None)
+
+
+def test_a_cluster_profile_with_a_null_expectation_fails_naming_each_field(tmp_path, model, profile):
+    assert profile.purpose == "cluster"
+    rc, v = run_preflight(tmp_path, model, _nulled(profile))
+    assert rc == 1 and v.status == "fail"
+    bad = failed(v)
+    assert set(bad) == set(NULLED), bad          # the null ones, and nothing else
+    for check, field in NULLED.items():
+        assert f"{field} is null: a cluster profile leaves no Gate 0 expectation unknown" in bad[check]
+        assert "--discover" in bad[check]
+    assert "text_config.num_hidden_layers = 93" in bad["config.num_hidden_layers"]     # what the directory says
+    assert not (tmp_path / "out" / "discovered.yaml").exists()
+
+
+def test_a_test_profile_reports_a_null_expectation_as_unknown(tmp_path, model, profile):
+    rc, v = run_preflight(tmp_path, model, _nulled(profile).model_copy(update={"purpose": "test"}))
+    assert rc == 0, failed(v)
+    by = {c.name: c for c in v.checks}
+    assert all(by[n].status == "skip" and "unknown expectation: fill " + f in by[n].detail for n, f in NULLED.items())
+
+
+def test_discover_passes_them_as_discovered_and_writes_the_snippet_that_fills_the_profile(tmp_path, model, profile,
+                                                                                          capsys):
+    nulled = _nulled(profile)
+    capsys.readouterr()
+    rc, v = run_preflight(tmp_path, model, nulled, "--discover")
+    assert rc == 0 and v.status == "pass", failed(v)
+    by = {c.name: c for c in v.checks}
+    for check, field in NULLED.items():
+        assert by[check].status == "pass" and by[check].detail.startswith(f"discovered: {field} = ")
+    assert by["discovered"].observed == sorted(f.removeprefix("model.") for f in NULLED.values())
+    # where the snippet is: its absolute path, in the verdict and in the summary the step prints
+    written = (tmp_path / "out" / "discovered.yaml").resolve()
+    assert f"written to {written};" in by["discovered"].detail
+    printed = [line for line in capsys.readouterr().out.splitlines() if " discovered " in line]
+    assert len(printed) == 1 and f"written to {written};" in printed[0], printed
+    text = written.read_text()
+    assert text.startswith("# Gate 0 preflight --discover read these from ") and str(model) in text
+    snippet = yaml.safe_load(text)
+    assert snippet == {"model": {
+        "revision": KIMI.model.revision,
+        "architecture": {"num_hidden_layers": 93, "moe": {"n_routed_experts": 8},    # the synth's 8 experts
+                         "quantization": {"quant_method": "compressed-tensors", "scale_dtypes": ["U8"]}}}}
+    assert v.metrics["discovered"]["architecture.num_hidden_layers"] == 93
+    # pasted into the profile, the run needs no --discover: every expectation is judged, and passes
+    data = nulled.model_dump(mode="json")
+
+    def merge(into: dict, new: dict) -> None:
+        for k, val in new.items():
+            merge(into[k], val) if isinstance(val, dict) else into.__setitem__(k, val)
+    merge(data["model"], snippet["model"])
+    filled = Profile.model_validate(data)
+    rc, v = run_preflight(tmp_path, model, filled)
+    assert rc == 0 and all(c.status == "pass" for c in v.checks if c.name in NULLED), failed(v)
+
+
+def test_a_cluster_profile_of_a_dense_model_leaves_its_moe_and_quantization_null(tmp_path):
+    """Null is right for a field the checkpoint does not have: no experts, no quantization_config, no packed
+    tensors. Those skip saying so; a field the checkpoint has still fails when null (its layer_types here)."""
+    local = load_profile("local-cpu")
+    d = synth_from_profile(local, tmp_path / "llama")
+    prof = profile_of(local, d).model_copy(update={"purpose": "cluster"})
+    rc, v = run_preflight(tmp_path, d, prof)
+    assert rc == 1 and set(failed(v)) == {"config.layer_kinds"}      # the synth writes layer_types: stated
+    a = prof.model.architecture
+    prof = _with(prof, architecture=a.model_copy(update={"layer_kinds": {"full_attention": 30}}))
+    rc, v = run_preflight(tmp_path, d, prof)
+    assert rc == 0, failed(v)
+    by = {c.name: c for c in v.checks}
+    for n in ("config.moe.n_routed_experts", "config.moe.n_shared_experts", "config.moe.num_experts_per_tok",
+              "config.quantization.quant_method", "config.quantization.fmt", "quant-dtypes.weight",
+              "quant-dtypes.scale"):
+        assert by[n].status == "skip" and "not a field of this checkpoint" in by[n].detail, by[n].detail
+
+
+def test_discover_cannot_pass_what_the_directory_does_not_say(tmp_path, model, profile):
+    from gauntlet.steps.model.marker import write_marker
+    write_marker(model, revision=None)          # no revision recorded anywhere in the directory
+    rc, v = run_preflight(tmp_path, model, _with(profile, revision=None), "--discover")
+    assert rc == 1 and set(failed(v)) == {"revision"}
+    assert "model.revision is null and --discover found no one value to record" in failed(v)["revision"]
+    assert {c.name: c.status for c in v.checks}["discovered"] == "skip"
 
 
 def test_sparse_full_size_layout_passes_fast(tmp_path):
@@ -329,7 +433,7 @@ def test_pin_drift_names_the_component(tmp_path, model, profile):
     tc["eos_token"] = "<|eot|>"
     (model / "tokenizer_config.json").write_text(json.dumps(tc))
     from gauntlet.steps.model.marker import write_marker
-    write_marker(model, revision="synthetic")
+    write_marker(model, revision=KIMI.model.revision)
     v = assert_fails(tmp_path, model, profile, "fingerprint-pin", "tokenizer differs", "tokenizer_config.json",
                      extra=("--pin", str(pin)))
     assert "config differs" not in failed(v)["fingerprint-pin"]
@@ -379,7 +483,7 @@ def test_empty_weight_map(tmp_path, model, profile):
 def test_dot_slash_shard_names_are_the_same_files(tmp_path, model, profile):
     _edit_index(model, lambda wm: wm.update({t: f"./{s}" for t, s in wm.items()}))
     from gauntlet.steps.model.marker import write_marker
-    write_marker(model, revision="synthetic")
+    write_marker(model, revision=KIMI.model.revision)
     rc, v = run_preflight(tmp_path, model, profile)
     assert rc == 0, failed(v)
 
@@ -400,7 +504,7 @@ def test_marker_manifest_of_shards_only_as_a_list(tmp_path, model, profile):
     """A sync tool's manifest that lists only the shards, as [{name, size}], vouches for the shard set."""
     shards = sorted(p for p in model.glob("*.safetensors"))
     (model / ".aik8s-complete").write_text(json.dumps(
-        {"shards": [{"name": p.name, "size": p.stat().st_size} for p in shards]}))
+        {"revision": KIMI.model.revision, "shards": [{"name": p.name, "size": p.stat().st_size} for p in shards]}))
     rc, v = run_preflight(tmp_path, model, profile)
     assert rc == 0, failed(v)
     with open(shards[5], "ab") as fh:

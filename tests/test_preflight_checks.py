@@ -53,6 +53,13 @@ def test_layer_kinds_expectation_against_kimi_linear_style_config():
     assert c.status == "fail" and c.observed == {"kda": 6, "mla": 2}
 
 
+def test_layer_kinds_that_contradict_the_config_fail_even_when_the_profile_leaves_them_null():
+    """Nothing to expect and nothing to discover: a layer in two kinds is the checkpoint's own error."""
+    cfg = {**KIMI_LINEAR, "linear_attn_config": {"kda_layers": [1, 2, 3, 4], "full_attn_layers": [4, 8]}}
+    c = by_name(config_checks(cfg, Architecture()))["config.layer_kinds"]
+    assert c.status == "fail" and "more than one kind" in c.detail
+
+
 def test_layer_kinds_expected_but_config_has_no_per_layer_field():
     c = by_name(config_checks({"num_hidden_layers": 2}, Architecture(layer_kinds={"mla": 2})))["config.layer_kinds"]
     assert c.status == "fail" and "layer_types" in c.detail and "linear_attn_config" in c.detail

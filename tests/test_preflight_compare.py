@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 from gauntlet.params import load_profile
 from gauntlet.contract import Verdict
 from gauntlet.steps.model.marker import write_marker
-from gauntlet.steps.model.synth import synth_from_profile
+from gauntlet.steps.model.synth import profile_of, synth_from_profile
 from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
@@ -31,7 +31,7 @@ def nodes(tmp_path_factory):
     cfg = json.loads((root / "model-c" / "config.json").read_text())
     cfg["text_config"]["max_position_embeddings"] = 1048576  # same value, different bytes
     (root / "model-c" / "config.json").write_text(json.dumps(cfg, indent=1))
-    write_marker(root / "model-c", revision="synthetic")
+    write_marker(root / "model-c", revision=KIMI.model.revision)
     p = root / "model-d" / SHARD3
     with safe_open(str(p), "numpy") as f:
         keys = list(f.keys())
@@ -41,14 +41,12 @@ def nodes(tmp_path_factory):
     u8 = {k: np.zeros(header[k]["shape"], np.uint8) for k in keys if header[k]["dtype"] == "U8"}
     if u8:  # rewrite the shard with its U8 tensors only: the index now disagrees, but so does the header hash
         save_file(u8, str(p), metadata={"format": "np"})
-    else:
-        p.write_bytes(raw[:8] + raw[8:8 + n].replace(b'"pt"', b'"np"') + raw[8 + n:])
-    write_marker(root / "model-d", revision="synthetic")
+    else:   # the same length: metadata and one tensor's name (so the index names a tensor the shard lacks)
+        head = raw[8:8 + n].replace(b'"pt"', b'"np"').replace(b'weight"', b'weighx"', 1)
+        p.write_bytes(raw[:8] + head + raw[8 + n:])
+    write_marker(root / "model-d", revision=KIMI.model.revision)
     prof = root / "profile.yaml"
-    weight = sum(f.stat().st_size for f in base.glob("*.safetensors"))
-    data = KIMI.model_dump(mode="json")
-    data["model"]["weight_bytes"] = weight
-    prof.write_text(yaml.safe_dump(data))
+    prof.write_text(yaml.safe_dump(profile_of(KIMI, base).model_dump(mode="json")))
     for n in "abcd":
         main(["step", "preflight", "--profile", str(prof), "--model-path", str(root / f"model-{n}"),
               "--out", str(root / f"preflight-{n}")])

@@ -21,7 +21,7 @@ from gauntlet.params import load_profile
 from gauntlet.params.models import Architecture, Profile, QuantSpec
 from gauntlet.steps.model.marker import write_marker
 from gauntlet.steps.model.tensor_checks import consistency_checks
-from gauntlet.steps.model.synth import synth_from_profile, write_sparse_shard
+from gauntlet.steps.model.synth import profile_of, synth_from_profile, write_sparse_shard
 from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
@@ -36,10 +36,12 @@ def _with(profile: Profile, **model: object) -> Profile:
 
 
 def _unknown_dtypes(profile: Profile) -> Profile:
-    """The profile with the quantized dtypes unknown (null in the profile): the issue's case."""
+    """The profile with the quantized dtypes unknown (null in the profile): the issue's case. A test profile, so
+    Gate 0 reports the unknown instead of failing it (steps/model/expectations.py)."""
     arch = profile.model.architecture
     q = arch.quantization.model_copy(update={"weight_dtypes": [], "scale_dtypes": []})
-    return _with(profile, architecture=arch.model_copy(update={"quantization": q}))
+    return _with(profile, architecture=arch.model_copy(update={"quantization": q})).model_copy(
+        update={"purpose": "test"})
 
 
 def _total(d: Path) -> int:
@@ -73,7 +75,7 @@ def _copy(template: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def kimi(tmp_path, kimi_template):
-    return _copy(kimi_template, tmp_path), _unknown_dtypes(_with(KIMI, weight_bytes=_total(kimi_template)))
+    return _copy(kimi_template, tmp_path), _unknown_dtypes(profile_of(KIMI, kimi_template))
 
 
 @pytest.fixture
@@ -83,7 +85,7 @@ def llama(tmp_path, llama_template):
 
 @pytest.fixture
 def experts(tmp_path, experts_template):
-    return _copy(experts_template, tmp_path), _unknown_dtypes(_with(KIMI, weight_bytes=_total(experts_template)))
+    return _copy(experts_template, tmp_path), _unknown_dtypes(profile_of(KIMI, experts_template))
 
 
 def run_preflight(tmp_path: Path, model: Path, profile: Profile) -> tuple[int, Verdict]:
@@ -186,8 +188,9 @@ def test_matrix_in_another_half_precision_than_the_config_declares(tmp_path, kim
 def test_vector_whose_dtype_differs_from_its_family_in_the_other_shards(tmp_path, kimi):
     model, profile = kimi
     t = f"{T}layers.7.input_layernorm.weight"
-    shard = _rewrite(model, t, dtype="F32")   # F32 vectors are allowed; not one unlike its 63 siblings
-    assert_fails(tmp_path, model, profile, "tensor-dtypes", f"{T}layers.*.input_layernorm.weight is BF16 in 63",
+    shard = _rewrite(model, t, dtype="F32")   # F32 vectors are allowed; not one unlike its siblings
+    siblings = profile.model.architecture.num_hidden_layers - 1
+    assert_fails(tmp_path, model, profile, "tensor-dtypes", f"{T}layers.*.input_layernorm.weight is BF16 in {siblings}",
                  f"{t} in shard {shard} is F32")
 
 
@@ -250,10 +253,11 @@ def test_config_dimension_that_is_not_a_positive_integer(tmp_path, llama):
 
 def test_layer_beyond_num_hidden_layers(tmp_path, kimi):
     model, profile = kimi
-    t = f"{T}layers.63.post_attention_layernorm.weight"
-    shard = _rewrite(model, t, rename=f"{T}layers.64.post_attention_layernorm.weight")
-    assert_fails(tmp_path, model, profile, "tensor-layers", f"shard {shard} holds layer 64",
-                 "num_hidden_layers 64", "ends at layer 63")
+    n = profile.model.architecture.num_hidden_layers      # Kimi K3's 93: layers 0-92
+    t = f"{T}layers.{n - 1}.post_attention_layernorm.weight"
+    shard = _rewrite(model, t, rename=f"{T}layers.{n}.post_attention_layernorm.weight")
+    assert_fails(tmp_path, model, profile, "tensor-layers", f"shard {shard} holds layer {n}",
+                 f"num_hidden_layers {n}", f"ends at layer {n - 1}")
 
 
 def test_layer_missing_from_every_shard_and_the_index(tmp_path, llama):

@@ -18,7 +18,7 @@ import yaml
 from gauntlet.params import load_profile
 from gauntlet.contract import Verdict
 from gauntlet.steps.gates.prewarm import prewarm, write_marker
-from gauntlet.steps.model.synth import synth_from_profile
+from gauntlet.steps.model.synth import profile_of, synth_from_profile
 from gauntlet.workflows.cli import main
 
 KIMI = load_profile("kimi-k3-h20")
@@ -60,9 +60,7 @@ def test_copy_verifies_and_writes_the_marker_then_preflight_passes(tmp_path, src
     assert marker["files"] == {p.name: p.stat().st_size for p in src.iterdir() if p.name != MARKER}
     assert not list(dst.glob("*.gauntlet-partial")) and not list(dst.glob(".*.gauntlet-partial"))
     prof = tmp_path / "p.yaml"
-    data = KIMI.model_dump(mode="json")
-    data["model"]["weight_bytes"] = sum(p.stat().st_size for p in dst.glob("*.safetensors"))
-    prof.write_text(yaml.safe_dump(data))
+    prof.write_text(yaml.safe_dump(profile_of(KIMI, dst).model_dump(mode="json")))
     assert main(["step", "preflight", "--profile", str(prof), "--model-path", str(dst),
                  "--out", str(tmp_path / "pf")]) == 0
 

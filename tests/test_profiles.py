@@ -36,16 +36,42 @@ def test_shipped_profiles_validate():
     assert kimi.hardware.total_gpus == 16
     assert kimi.model.shards == 96 and kimi.model.weight_bytes == 1_560_936_091_448
     assert kimi.engines["sglang"].role == "baseline" and kimi.engines["vllm"].role == "experimental"
-    assert kimi.engines["sglang"].env["NCCL_MNNVL_ENABLE"] == "1"
+    assert kimi.engines["sglang"].env["NCCL_CUMEM_ENABLE"] == "1" and kimi.purpose == "cluster"
     assert kimi.engine_order() == ["sglang", "vllm"]
     local = load_profile("local-cpu")
     assert local.hardware.kind == "local" and local.baseline_engine == "vllm"
 
 
-def test_unknown_expectations_stay_null():
-    """Numbers that are not public are left for a person to fill, never invented."""
-    arch = load_profile("kimi-k3-h20").model.architecture
-    assert arch.num_hidden_layers is None and arch.layer_kinds is None
+def _null_expectations(profile, fields) -> list[str]:
+    out = []
+    for field in fields:
+        node = profile.model
+        for part in field.split("."):
+            node = getattr(node, part)
+        if node in (None, []):
+            out.append(f"model.{field}")
+    return out
+
+
+def test_a_cluster_profile_states_every_gate0_expectation():
+    """A profile for a real cluster leaves none of Gate 0's expectations null (Gate 0 would fail naming it):
+    each shipped cluster profile states at least what every checkpoint has (a dense model's MoE and quantization
+    may be null: Gate 0 skips them when the directory has none either), and Kimi K3 states all of them, the
+    released config's (their sources are in the profile). A profile added without ``purpose`` is a cluster one."""
+    from gauntlet.params import profile_path
+    from gauntlet.steps.model.expectations import FIELDS
+    every_checkpoint = ("revision", "shards", "weight_bytes", "architecture.architectures",
+                        "architecture.model_type", "architecture.num_hidden_layers",
+                        "architecture.max_position_embeddings")
+    profiles = [load_profile(f.stem) for f in sorted(profile_path("kimi-k3-h20").parent.glob("*.yaml"))]
+    cluster = {p.name: p for p in profiles if p.purpose == "cluster"}
+    assert "kimi-k3-h20" in cluster and {"local-cpu", "h200-1gpu"}.isdisjoint(cluster)
+    for name, p in cluster.items():
+        assert not _null_expectations(p, every_checkpoint), f"{name} (purpose: cluster) leaves null: " \
+            f"{', '.join(_null_expectations(p, every_checkpoint))}; fill them or mark it purpose: test"
+    assert not _null_expectations(cluster["kimi-k3-h20"], FIELDS.values())
+    arch = cluster["kimi-k3-h20"].model.architecture
+    assert (arch.num_hidden_layers, arch.layer_kinds) == (93, {"kda": 69, "mla": 24})
     assert arch.max_position_embeddings == 1_048_576
 
 
@@ -132,9 +158,17 @@ def test_unknown_profile_name_lists_known():
     (["smoke", "request_timeout_s"], float("inf"), "smoke.request_timeout_s: expected a finite number, got inf"),
     (["bench", "rounds"], 10**30, "bench.rounds: input should be less than or equal to 100"),
     (["longctx", "needle_depths"], [2.0], "longctx.needle_depths.0: input should be less than or equal to 1"),
-    (["nightly_schedule"], "every night please", "nightly_schedule: expected a five-field cron schedule"),
-    (["nightly_schedule"], "0 2 31 2 *", "nightly_schedule: not a valid cron schedule"),
-    (["nightly_schedule"], "0 2 L * *", "L, W and # are not in Argo's cron syntax"),
+    (["longctx", "reasoning_tokens"], 40000, "longctx.ladder: the 32768-token rung leaves no room for a prompt "
+     "beside its reply budget of 40064 tokens"),
+    (["longctx", "memory_growth_max_gib"], -1, "longctx.memory_growth_max_gib: input should be greater than or equal to 0"),
+    (["nightly", "schedule"], "every night please", "nightly.schedule: expected a five-field cron schedule"),
+    (["nightly", "schedule"], "0 2 31 2 *", "nightly.schedule: not a valid cron schedule"),
+    (["nightly", "schedule"], "0 2 L * *", "L, W and # are not in Argo's cron syntax"),
+    (["nightly", "window_h"], 0, "nightly.window_h: input should be greater than 0"),
+    (["nightly", "cases"], ["c16-1k-1k", "nope"], "nightly.cases: no bench case named 'nope'"),
+    (["nightly", "cases"], ["c32-1k-1k"], "nightly.cases: c32-1k-1k is gated on c16-1k-1k (requires_stable)"),
+    (["nightly", "cases"], ["c16-1k-1k", "c16-1k-1k"], "nightly.cases: c16-1k-1k appear more than once"),
+    (["nightly", "engines"], ["llamacpp"], "nightly.engines: 'llamacpp' is not an engine of this profile"),
     (["timezone"], "Mars/Olympus_Mons", "timezone: 'Mars/Olympus_Mons' is not a time zone of the IANA database"),
     (["name"], "", "name: expected a DNS-1123 label of at most 35 characters"),
     (["name"], "x" * 36, "name: expected a DNS-1123 label of at most 35 characters"),
@@ -156,7 +190,7 @@ def test_out_of_range_and_bad_formats_are_refused(tmp_path, path, value, needle)
 
 def test_the_shipped_schedule_forms_pass(tmp_path):
     for cron in ("@daily", "*/30 1-5 * * MON-FRI", "0 2 * * *"):
-        assert load_profile(_write(tmp_path, _mutate(["nightly_schedule"], cron))).nightly_schedule == cron
+        assert load_profile(_write(tmp_path, _mutate(["nightly", "schedule"], cron))).nightly.schedule == cron
 
 
 @pytest.mark.parametrize("content,needle", [

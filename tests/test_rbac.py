@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S_CODE = [ROOT / "steps" / p for p in ("backends/kubernetes/api.py", "backends/kubernetes/apply.py",
                                            "backends/kubernetes/manager.py", "backends/kubernetes/deploy.py",
                                            "backends/kubernetes/cleanup.py", "gates/network.py", "gates/nodes.py",
-                                           "backends/ranks.py")]
+                                           "backends/ranks.py", "backends/kubernetes/admission.py",
+                                           "backends/kubernetes/stuck.py")]
 # what `gauntlet step janitor` imports and calls (it applies nothing)
 JANITOR_CODE = [ROOT / "steps" / p for p in ("backends/kubernetes/api.py", "backends/kubernetes/manager.py",
                                               "backends/kubernetes/cleanup.py", "backends/kubernetes/janitor.py")]
@@ -46,7 +47,10 @@ VERB = {"read": "get", "list": "list", "patch": "patch", "delete": "delete", "cr
 RESOURCE = {"namespaced_stateful_set": ("apps", "statefulsets"), "namespaced_stateful_set_scale": ("apps", "statefulsets/scale"),
             "namespaced_service": ("", "services"), "namespaced_job": ("batch", "jobs"),
             "namespaced_pod": ("", "pods"), "namespaced_pod_log": ("", "pods/log"),
-            "pod_for_all_namespaces": ("", "pods"), "namespaced_custom_object": ("argoproj.io", "workflows")}
+            "pod_for_all_namespaces": ("", "pods"), "namespaced_custom_object": ("argoproj.io", "workflows"),
+            "namespaced_event": ("", "events"), "namespace": ("", "namespaces"),
+            "validating_admission_policy_binding": ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
+            "validating_admission_policy": ("admissionregistration.k8s.io", "validatingadmissionpolicies")}
 
 
 def granted(rules) -> set[tuple[str, str, str]]:
@@ -67,7 +71,8 @@ def calls_in_code(files: list[Path] = K8S_CODE) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) for every generated-client method the code names, directly or through KINDS."""
     found = set()
     method = re.compile(r"\.(read|list|patch|delete_collection|delete|create|replace|watch|connect_\w+?)_("
-                        r"namespaced_\w+|pod_for_all_namespaces|\w+_for_all_namespaces)\b")
+                        r"namespaced_\w+|pod_for_all_namespaces|\w+_for_all_namespaces|namespace|"
+                        r"validating_admission_policy_binding|validating_admission_policy)\b")
     for f in files:
         text = f.read_text()
         for verb, suffix in method.findall(text):
@@ -85,7 +90,7 @@ def calls_in_code(files: list[Path] = K8S_CODE) -> set[tuple[str, str, str]]:
 
 def test_roles_are_exactly_what_the_code_calls():
     code = calls_in_code()
-    roles = granted(rbac.RULES) | granted(rbac.CLUSTER_RULES)
+    roles = granted(rbac.RULES) | granted(rbac.CLUSTER_RULES) | granted(rbac.ADMISSION_RULES)
     assert code == roles, f"code calls but not granted: {code - roles}; granted but never called: {roles - code}"
 
 
@@ -109,15 +114,21 @@ def test_janitor_role_is_exactly_what_the_janitor_calls():
 
 
 def test_nothing_broad():
-    for rule in rbac.RULES + rbac.CLUSTER_RULES + rbac.EXECUTOR_RULES + rbac.JANITOR_RULES:
+    for rule in rbac.RULES + rbac.CLUSTER_RULES + rbac.ADMISSION_RULES + rbac.EXECUTOR_RULES + rbac.JANITOR_RULES:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
         assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
         # create only where server-side apply needs it (with patch), or Argo's executor reporting outputs
         assert "create" not in rule["verbs"] or "patch" in rule["verbs"]
     assert granted(rbac.CLUSTER_RULES) == {("", "pods", "list")}          # cluster-wide: read one list only
-    # and only the node step's account holds anything cluster-wide; only manage and janitor change anything
-    assert [r for r, (_, cluster) in rbac.ROLES.items() if cluster] == ["nodes"] == [
-        needs_of(s).api for s in STEPS if needs_of(s).api == "nodes"]
+    # the params step's: get three objects, each by name (resourceNames, added where the documents are rendered)
+    assert {v for *_, v in granted(rbac.ADMISSION_RULES)} == {"get"}
+    admission = next(d for d in rbac.access_manifests("team-a", "gauntlet") if d["kind"] == "ClusterRole"
+                     and d["metadata"]["name"] == "gauntlet-admission-team-a-admission")
+    assert [r["resourceNames"] for r in admission["rules"]] == [["team-a"], ["gauntlet-team-a-run-label"]]
+    # and only the node step's and params' accounts hold anything cluster-wide; only manage and janitor change anything
+    assert [r for r, (_, cluster) in rbac.ROLES.items() if cluster] == ["nodes", "admission"]
+    assert {needs_of(s).api for s in STEPS if needs_of(s).api in ("nodes", "admission")} == {"nodes", "admission"}
+    assert [s for s in STEPS if needs_of(s).api == "admission"] == ["params"]
     changes = {"create", "patch", "delete"}
     assert [r for r, (ns, _) in rbac.ROLES.items() if changes & {v for *_, v in granted(ns)}] == ["manage", "janitor"]
     assert rbac.ROLES[None] == ([], [])
@@ -128,7 +139,7 @@ def test_rendered_documents():
     for d in docs:
         kubernetes_validate.validate(d, "1.37.0", strict=True)
     accounts = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]
-    assert accounts == ["gauntlet-manager", "gauntlet-nodes", "gauntlet-janitor", "gauntlet"]
+    assert accounts == ["gauntlet-manager", "gauntlet-nodes", "gauntlet-janitor", "gauntlet-admission", "gauntlet"]
     assert [rbac.account("gauntlet", r) for r in rbac.ROLES] == accounts
     for role, (rules, cluster_rules) in rbac.ROLES.items():
         name = rbac.account("gauntlet", role)
@@ -180,6 +191,7 @@ def test_render_gives_each_template_the_account_of_its_steps_role():
             assert t["serviceAccountName"] == rbac.account(KIMI.service_account, needs_of(step).api), t["name"]
     assert seen["deploy"] == seen["cleanup"] == seen["longctx"] == seen["network"] == "gauntlet-manager"
     assert seen["smoke"] == seen["perf"] == "gauntlet-manager" and seen["nodes"] == "gauntlet-nodes"   # redeploy
+    assert seen["params"] == "gauntlet-admission"
     assert seen["report"] == seen["regress"] == seen["preflight"] == "gauntlet"
     assert set(seen.values()) <= accounts and wt["spec"]["serviceAccountName"] == "gauntlet"   # the default: no API
     jan = docs["gauntlet-janitor.cronworkflow.yaml"]["spec"]["workflowSpec"]
@@ -204,6 +216,9 @@ def wire_to_rules(method: str, path: str, ctype: str = "") -> set[tuple[str, str
     """(scope, apiGroup, resource, verb) one request needs."""
     if path == "/api/v1/pods":
         return {("cluster", "", "pods", "list")}
+    named = re.match(r"^/api/v1/namespaces/[^/]+$|^/apis/(admissionregistration.k8s.io)/v1/([a-z]+)/[^/]+$", path)
+    if named and method == "GET":             # a cluster-scoped object read by its name
+        return {("cluster", named[1] or "", named[2] or "namespaces", "get")}
     m = re.match(r"^/apis?/(?:(apps|batch|argoproj.io)/)?v1(?:alpha1)?/namespaces/[^/]+/([a-z]+)"
                  r"(?:/([^/]+)(?:/([a-z]+))?)?$", path)
     assert m, path
@@ -246,6 +261,16 @@ def wire(api_double, monkeypatch, tmp_path):
     step("experiment", deploy.run, deploy.Options(**a, variant="prefix-cache"), tmp_path / "var")
     step("experiment", teardown.run, teardown.Options(**a, variant="prefix-cache"), tmp_path / "var-down")
     step("nodes", node_gpu_pods, connect(), "h20-node-01")           # what nodes.run calls on the API
+    from test_admission import admitting
+
+    from gauntlet.steps.backends.kubernetes.admission import admission_checks
+    admitting(d, KIMI)
+    assert [c.status for c in step("params", admission_checks, KIMI)] == ["pass", "pass"]
+    # a rank the API server refuses to create: deploy reads its StatefulSet's FailedCreate event
+    monkeypatch.setenv("GAUNTLET_POD_STUCK_GRACE_S", "0")
+    d.refuse = lambda owner, pod: {"reason": "FailedCreate", "type": "Warning", "message": "refused"}
+    step("deploy", deploy.run, deploy.Options(**a, variant="dspark"), tmp_path / "refused")
+    d.refuse = lambda owner, pod: None
     d.pod_status = lambda pod: {"phase": "Succeeded", "containerStatuses": [
         {"name": "probe", "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}]}
     (tmp_path / "network").mkdir()
@@ -267,7 +292,7 @@ def test_every_request_of_every_step_is_granted_to_its_account(wire):
         assert needed(requests) <= role_grants(needs_of(s).api), (s, needs_of(s).api,
                                                                   needed(requests) - role_grants(needs_of(s).api))
     # and each account's steps use every grant it has: nothing in a Role is dead weight
-    for role in ("manage", "nodes"):
+    for role in ("manage", "nodes", "admission"):
         seen = set().union(*(needed(r) for s, r in wire.items() if needs_of(s).api == role))
         assert seen == role_grants(role), (role, role_grants(role) - seen)
         assert set(steps_of(role)) <= set(wire), (role, set(steps_of(role)) - set(wire))   # every step tried

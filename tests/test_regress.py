@@ -102,11 +102,29 @@ def test_step_passes_without_a_change(tmp_path):
     assert metrics["outputs"]["regressed"] is False and all(c.status == "pass" for c in checks)
 
 
+def test_after_a_failure_it_judges_what_was_measured_then_fails(tmp_path):
+    """regress runs whatever happened before it (workflows/graph.py): here vLLM's sequence failed, SGLang's rounds
+    are in the store. It labels them as always, then fails with an ``upstream`` check, so a failed gate before it
+    is still reset by Argo's RETRY (util.go isDescendantNodeSucceeded: a Succeeded descendant keeps it failed)."""
+    run_id = _store(tmp_path, 8)
+    opts = dataclasses.replace(_args(tmp_path, run_id), upstream=("sglang=Succeeded", "vllm=Failed"))
+    checks, metrics = run(opts, tmp_path / "out")
+    labels = [c for c in checks if c.name.startswith("vllm/c2-128-32/")]
+    assert labels and all(c.status == "pass" for c in labels) and metrics["outputs"]["regressed"] is False
+    upstream = next(c for c in checks if c.name == "upstream")
+    assert upstream.status == "fail" and upstream.observed == {"vllm": "Failed"} and metrics["upstream"]["vllm"] == "Failed"
+    assert "Regress judged what was measured" in upstream.detail
+    # nothing failed before it: no such check
+    passed = dataclasses.replace(opts, upstream=("sglang=Succeeded", "vllm=Skipped"))
+    assert "upstream" not in {c.name for c in run(passed, tmp_path / "out2")[0]}
+
+
 def test_step_passes_with_insufficient_history(tmp_path):
     run_id = _store(tmp_path, 2, drop=0.5)
     checks, metrics = run(_args(tmp_path, run_id), tmp_path / "out")
     assert metrics["outputs"]["regressed"] is False
-    assert all(c.observed == "insufficient history" and c.status == "pass" for c in checks)
+    assert all(c.observed == "insufficient data" and c.status == "pass" for c in checks)
+    assert all(lb["label"] == "insufficient history" and lb["verdict"] == "insufficient data" for lb in metrics["labels"])
 
 
 # ---- confirm before alarm ----------------------------------------------------------
@@ -211,11 +229,11 @@ def test_confirmation_runs_only_on_a_suspicion_and_never_holds_longctx_back(susp
 
 # ---- where the change came from --------------------------------------------------
 
-def _night_rows(i, value, digest, rev="abc"):
+def _night_rows(i, value, digest, rev="abc", driver="550.54.15", nodes="node-a"):
     return [dict(run_id=f"night{i:02d}", profile="local-cpu", engine="vllm", date=f"2026-11-{i + 1:02d}",
                  timestamp=f"2026-11-{i + 1:02d}T02:00:00", client="vllm-bench-serve", args_hash="h",
                  experiment="baseline", phase="measure", case="c2-128-32", round=r + 1, valid=True,
-                 image_digest=digest, model_fingerprint="fp", git_rev=rev, nodes="node-a",
+                 image_digest=digest, model_fingerprint="fp", git_rev=rev, nodes=nodes, driver=driver,
                  output_throughput=value * (1 + 0.002 * (r - 1)), request_throughput=value / 32, p99_ttft_ms=300.0,
                  p99_tpot_ms=40.0, p99_e2el_ms=1500.0) for r in range(3)]
 
@@ -236,8 +254,10 @@ def test_regressed_label_names_last_good_first_bad_and_what_differed(tmp_path, b
     assert o["differed"] == {"image_digest": {"last_good": "sha256:aaa", "first_bad": "sha256:bbb"},
                              "git_rev": {"last_good": "abc", "first_bad": "def"}}
     detail = next(c.detail for c in checks if c.name == "vllm/c2-128-32/output_throughput")
-    assert f"first bad night{good:02d}" in detail and "image_digest sha256:aaa -> sha256:bbb" in detail
-    assert all(x["origin"] is None for x in metrics["labels"] if x["label"] != "regressed")
+    assert f"first bad night{good:02d} (2026-11-{good + 1:02d})" in detail
+    assert "image_digest sha256:aaa->sha256:bbb" in detail and detail.startswith("regressed: ")
+    assert o["last_good"]["date"] == f"2026-11-{good:02d}" and o["first_bad"]["date"] == f"2026-11-{good + 1:02d}"
+    assert all(x["origin"] is None for x in metrics["labels"] if x["verdict"] != "regressed")
 
 
 # ---- real engine: suspect, confirm, label ------------------------------------------------
@@ -396,3 +416,145 @@ def _simulate(step, trials=1000, cv=0.05, seed=11, rounds=True):
 def test_no_change_stays_within_the_budget_and_a_step_is_found_more_often():
     assert _simulate(0.0) <= 0.01
     assert _simulate(0.10) > _simulate(0.10, rounds=False) + 0.03
+
+
+# ---- the user's verdict: regressed / suspicious / no regression / insufficient data ------------------------
+
+from gauntlet.steps.gates.regress import VERDICT, VERDICTS, summary, verdict_of  # noqa: E402
+
+
+def test_every_label_has_exactly_one_verdict_and_only_regressed_fails():
+    from gauntlet.steps.gates.regress import FAILING, PASSING
+    assert set(VERDICT) == set(FAILING) | set(PASSING) and set(VERDICT.values()) == set(VERDICTS)
+    assert [lb for lb in VERDICT if verdict_of(lb) == "regressed"] == list(FAILING)
+    assert {lb for lb in VERDICT if verdict_of(lb) == "suspicious"} == {"unconfirmed", "suspect"}
+    assert {lb for lb in VERDICT if verdict_of(lb) == "no regression"} == {"ok", "improved"}
+
+
+def _verdict_store(tmp_path, last, confirm=None, good_driver="550.54.15", bad_driver="550.54.15",
+                   bad_nodes="node-a", bad_digest="sha256:" + "a" * 64):
+    """Ten quiet nights (output 50 tok/s, image a..., driver 550.54.15, node-a), then tonight at ``last`` (with
+    its own image, driver and nodes), and ``confirm`` rounds for tonight when given."""
+    rng = random.Random(3)
+    rows = [r for i in range(10) for r in _night_rows(i, 50.0 * (1 + rng.uniform(-0.01, 0.01)), "sha256:" + "a" * 64,
+                                                      driver=good_driver)]
+    rows += _night_rows(10, last, bad_digest, driver=bad_driver, nodes=bad_nodes)
+    if confirm is not None:
+        rows += [dict(r, phase="confirm", round=j + 1, output_throughput=confirm)
+                 for j, r in enumerate(_night_rows(10, confirm, bad_digest, driver=bad_driver, nodes=bad_nodes) * 2)]
+    append_rounds(rows, tmp_path / "store")
+    return run(_args(tmp_path, "night10"), tmp_path / "out")
+
+
+@pytest.mark.parametrize("last,confirm,verdict,status", [
+    (44.0, 44.0, "regressed", "fail"),      # -12%, the 6 fresh rounds repeat it
+    (48.6, 50.0, "suspicious", "pass"),     # -2.8%: suspected, the fresh rounds do not confirm it
+    (48.6, None, "regressed", "fail"),      # no fresh rounds (the engine was gone): the single-night band
+    (50.1, None, "no regression", "pass"),
+    (56.0, None, "no regression", "pass"),  # improved: kept as a note
+])
+def test_verdicts_on_a_real_store(tmp_path, last, confirm, verdict, status):
+    checks, metrics = _verdict_store(tmp_path, last, confirm)
+    lb = next(x for x in metrics["labels"] if x["metric"] == "output_throughput")
+    check = next(c for c in checks if c.name == "vllm/c2-128-32/output_throughput")
+    assert lb["verdict"] == verdict and check.observed == verdict and check.status == status
+    assert metrics["outputs"]["regressed"] is (verdict == "regressed")
+    if verdict == "no regression":
+        assert lb["origin"] is None
+        assert lb["note"] == ("improved +12.0%" if last > 55 else "") or lb["note"].startswith("improved +1")
+        return
+    # a bad night: tonight is the first bad one, night09 the last good; nothing else changed
+    o = lb["origin"]
+    assert o["first_bad"]["run_id"] == "night10" and o["first_bad"]["date"] == "2026-11-11"
+    assert o["last_good"]["run_id"] == "night09" and o["last_good"]["date"] == "2026-11-10"
+    assert o["differed"] == {}
+    expected_note = {(True, "regressed"): "confirmed by 6 fresh rounds", (True, "suspicious"): "not confirmed by 6",
+                     (False, "regressed"): "beyond the single-night band (no confirmation rounds)"}
+    assert expected_note[(confirm is not None, verdict)] in lb["note"]
+
+
+def test_improved_keeps_its_note(tmp_path):
+    _, metrics = _verdict_store(tmp_path, 56.0)
+    lb = next(x for x in metrics["labels"] if x["metric"] == "output_throughput")
+    assert lb["label"] == "improved" and lb["verdict"] == "no regression" and lb["note"].startswith("improved +1")
+
+
+def test_insufficient_data_names_the_nights(tmp_path):
+    run_id = _store(tmp_path, 3, drop=0.5)
+    checks, metrics = run(_args(tmp_path, run_id), tmp_path / "out")
+    lb = next(x for x in metrics["labels"] if x["metric"] == "output_throughput")
+    assert lb["verdict"] == "insufficient data" and lb["note"] == "3 night(s) of history" and lb["origin"] is None
+    assert summary(metrics["labels"]) == "5 insufficient data"
+
+
+def test_origin_names_image_driver_and_nodes_that_changed(tmp_path):
+    checks, metrics = _verdict_store(tmp_path, 44.0, 44.0, bad_driver="570.86.10", bad_nodes="node-b",
+                                     bad_digest="sha256:" + "b" * 64)
+    lb = next(x for x in metrics["labels"] if x["metric"] == "output_throughput")
+    assert lb["verdict"] == "regressed"
+    assert lb["origin"]["differed"] == {
+        "image_digest": {"last_good": "sha256:" + "a" * 64, "first_bad": "sha256:" + "b" * 64},
+        "driver": {"last_good": "550.54.15", "first_bad": "570.86.10"},
+        "nodes": {"last_good": "node-a", "first_bad": "node-b"}}
+    # request throughput drops with it (one duration); the latencies did not move: no regression, no origin
+    rq = next(x for x in metrics["labels"] if x["metric"] == "request_throughput")
+    assert rq["verdict"] == "regressed" and rq["origin"] == lb["origin"]
+    assert all(x["origin"] is None for x in metrics["labels"] if x["verdict"] == "no regression")
+    changed = ("first bad night10: image sha256:aaaaaaaaaaaa->sha256:bbbbbbbbbbbb, driver 550.54.15->570.86.10, "
+               "nodes node-a->node-b")
+    assert summary(metrics["labels"]) == (f"2 regressed (vllm/c2-128-32 output_throughput -11.7%, {changed}; "
+                                          f"vllm/c2-128-32 request_throughput -11.7%, {changed}), 3 no regression")
+    detail = next(c.detail for c in checks if c.name == "vllm/c2-128-32/output_throughput")
+    assert "last good night night09 (2026-11-10), first bad night10 (2026-11-11): image_digest" in detail
+    assert "driver 550.54.15->570.86.10, nodes node-a->node-b" in detail
+
+
+def test_a_driver_the_last_good_night_did_not_record_is_no_change(tmp_path):
+    """Rows stored before the driver column existed read null: the first night with it names no driver change."""
+    _, metrics = _verdict_store(tmp_path, 44.0, 44.0, good_driver=None, bad_driver="570.86.10")
+    lb = next(x for x in metrics["labels"] if x["metric"] == "output_throughput")
+    assert lb["verdict"] == "regressed" and lb["origin"]["differed"] == {}
+    assert "same image, args, driver, nodes, model and revision" in summary(metrics["labels"])
+
+
+def test_summary_counts_each_verdict_and_details_each_regression():
+    def lb(label, metric="output_throughput", **kw):
+        return {"engine": "sglang", "case": "chat-c16", "metric": metric, "label": label, **kw}
+    origin = {"last_good": {"run_id": "n12"}, "first_bad": {"run_id": "n13"},
+              "differed": {"image_digest": {"last_good": "sha256:aa", "first_bad": "sha256:bb"}}}
+    labels = [lb("regressed", change_rel=-0.05, confirm_change_rel=-0.079, origin=origin), lb("unconfirmed"),
+              *[lb("ok")] * 9, lb("improved")]
+    assert summary(labels) == ("1 regressed (sglang/chat-c16 output_throughput -7.9%, first bad n13: image "
+                               "sha256:aa->sha256:bb), 1 suspicious, 10 no regression")
+    assert summary([]) == "no regression verdict"
+    many = [lb("regressed", metric=f"m{i}", change_rel=-0.1) for i in range(5)]
+    assert summary(many).startswith("5 regressed (sglang/chat-c16 m0 -10.0%; ") and "and 2 more)" in summary(many)
+
+
+def test_driver_is_gate1s_on_a_cluster_and_none_on_a_cpu_run(tmp_path):
+    """The store's driver column: each node's Gate 1 inventory (nodes-<i>, its driver) joined; none on a profile
+    without GPUs (the local CPU run); what run_meta stamps on every round."""
+    from gauntlet.contract import Check, Verdict, now_iso
+    from gauntlet.steps.evidence.runmeta import driver, run_meta
+
+    local = load_profile("local-cpu")
+    run_dir = tmp_path / "runs" / "r1"
+    assert driver(run_dir, local) == "none"
+    assert run_meta(run_dir / "vllm" / "perf", local, "vllm")["driver"] == "none"
+    for i, v in enumerate(("570.86.10", "570.86.10")):
+        Verdict.of("nodes", now_iso(), [Check("gpu_count", "pass")], {"node": f"n{i}", "driver": v}
+                   ).write(run_dir / f"nodes-{i}")
+    assert driver(run_dir, local) == "570.86.10"
+    Verdict.of("nodes", now_iso(), [Check("gpu_count", "pass")], {"node": "n2", "driver": "550.54.15"}
+               ).write(run_dir / "nodes-2")
+    assert driver(run_dir, local) == "550.54.15,570.86.10"
+    assert run_meta(run_dir / "vllm" / "perf", local, "vllm")["driver"] == "550.54.15,570.86.10"
+    (run_dir / "nodes-3").mkdir()
+    (run_dir / "nodes-3" / "verdict.json").write_text("{not json")     # a corrupt one is passed over
+    assert driver(run_dir, local) == "550.54.15,570.86.10"
+
+
+def test_the_driver_column_round_trips_through_the_store(tmp_path):
+    from gauntlet.steps.evidence.results import read_rounds
+    append_rounds(_night_rows(0, 50.0, "sha256:aaa", driver="570.86.10"), tmp_path / "store")
+    assert {r["driver"] for r in read_rounds(tmp_path / "store").to_pylist()} == {"570.86.10"}

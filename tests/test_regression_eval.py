@@ -68,3 +68,49 @@ def test_bad_noise_file_and_missing_otava_are_one_line_errors(tmp_path):
     if importlib.util.find_spec("otava") is None:
         r = _run("evaluate", str(RECORDED), "--trials", "10")
         assert r.returncode != 0 and "apache-otava is not installed" in r.stderr and "Traceback" not in r.stderr
+
+
+def _nights(values_per_metric):
+    """(1 trial, nights, 5 metrics) night values: the same series on every metric (throughputs first)."""
+    import numpy as np
+    return np.array([[[v] * 5 for v in values_per_metric]], dtype=float)
+
+
+def test_hud_policy_is_its_published_rule():
+    """pytorch/test-infra's vLLM policy: the baseline point nearest the median of the 3 nights before a 3-night
+    comparison window; a throughput below 0.8 x it, a latency above 1.2 x, violates; regression on 2 in a row at
+    the end."""
+    ev = _module()
+    tp, lat = ev.TPUT[0], ev.MET.index("p99_ttft_ms")
+    # baseline window 100, 90, 110 -> 100; comparison 100, 79, 79: throughput regressed, latency not (lower)
+    reg, sus = ev.hud_policy(_nights([100, 90, 110, 100, 79, 79]), 5)
+    assert reg[0, tp] and not reg[0, lat] and not sus.any()
+    # only tonight bad: one violation, no regression; 80 is not below 0.8 x 100 (strict)
+    assert not ev.hud_policy(_nights([100, 90, 110, 100, 100, 79]), 5)[0].any()
+    assert not ev.hud_policy(_nights([100, 90, 110, 100, 80, 80]), 5)[0][0, tp]
+    # latency 121 twice: above 1.2 x 100
+    reg, _ = ev.hud_policy(_nights([100, 90, 110, 100, 121, 121]), 5)
+    assert reg[0, lat] and not reg[0, tp]
+
+
+def test_sglang_policy_is_its_published_rule():
+    """sgl-project/sglang's ci_performance_regression: the mean of the 10 runs before the latest, 10% either way."""
+    ev = _module()
+    tp, lat = ev.TPUT[0], ev.MET.index("p99_e2el_ms")
+    hist = [95, 105] * 5                        # mean 100
+    assert ev.sglang_policy(_nights(hist + [89.9]), 10)[0, tp]
+    assert not ev.sglang_policy(_nights(hist + [90.1]), 10)[0, tp]
+    got = ev.sglang_policy(_nights(hist + [110.1]), 10)
+    assert got[0, lat] and not got[0, tp]
+
+
+def test_policies_runs_and_prints_one_row_per_policy_and_series(tmp_path):
+    out = tmp_path / "rows.json"
+    r = _run("policies", str(RECORDED), "--trials", "60", "--grid-trials", "30", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    assert [(x["series"], x["key"]) for x in rows] == [
+        (s, k) for s in ("recorded", "CV 1%", "CV 2%", "CV 5%") for k in ("ours", "hud", "sglang")]
+    # HUD needs two bad nights in a row: it never calls a step on its first night
+    assert all(min(x["first 0.3"]) >= 2 for x in rows if x["key"] == "hud")
+    assert "| CV 2% | ours (suspect, confirm on 6 fresh rounds) |" in r.stdout

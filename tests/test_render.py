@@ -73,6 +73,7 @@ def test_make_run_style_render_writes_template_and_cron(tmp_path):
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["gauntlet-janitor.cronworkflow.yaml", "gauntlet-kimi-k3-h20-nightly.cronworkflow.yaml",
+                     "gauntlet-kimi-k3-h20-nightly.workflowtemplate.yaml",
                      "gauntlet-kimi-k3-h20.profile.yaml", "gauntlet-kimi-k3-h20.rbac.yaml",
                      "gauntlet-kimi-k3-h20.workflowtemplate.yaml"]
     assert "lint: ok" in r.stdout
@@ -80,6 +81,11 @@ def test_make_run_style_render_writes_template_and_cron(tmp_path):
 
 def _depends_terms(expr: str) -> list[str]:
     return re.findall(r"([A-Za-z0-9-]+)\.(Succeeded|Skipped|Failed)", expr or "")
+
+
+AFTER_FAILURE = {"main": {("nodes-0", "engine-check-sglang"), ("nodes-0", "engine-check-vllm"),
+                          ("nodes-1", "engine-check-sglang"), ("nodes-1", "engine-check-vllm"), ("vllm", "sglang"),
+                          ("regress", "sglang"), ("regress", "vllm"), ("report", "regress")}}
 
 
 def test_every_gate_depends_on_its_predecessors_success():
@@ -95,9 +101,14 @@ def test_every_gate_depends_on_its_predecessors_success():
                 continue
             terms = _depends_terms(rendered["depends"])
             assert terms, rendered["depends"]
-            # a predecessor is only ever accepted as Succeeded (or Skipped, for optional cases)
-            assert {s for _, s in terms} <= {"Succeeded", "Skipped"} or t.name == "report"
+            # a predecessor is accepted as Succeeded (or Skipped, for optional cases), except where the graph runs
+            # on after a failure: Gate 1 after the engine checks, a variant after the one before it, what runs
+            # whatever happened (the teardown, the next engine, regress, report: they carry the failure)
             for name, state in terms:
+                if state not in ("Succeeded", "Skipped"):
+                    assert (t.name, name) in AFTER_FAILURE.get(dag.name, set()) or dag.name == "engine-sequence" and (
+                        t.name == "teardown" or t.name.startswith("exp-") and name.startswith("exp-")), (
+                        t.name, name, rendered["depends"])
                 if state == "Skipped":
                     assert (name, "Succeeded") in terms
 
@@ -111,7 +122,8 @@ def test_gate_order_of_the_plan():
             before in tasks[d]["depends"] for d, _ in _depends_terms(tasks[after]["depends"])), (before, after)
     seq = _tasks(_wt(), "engine-sequence")
     chain = ["deploy", "smoke", "perf", "perf-c32-1k-1k", "suspect", "confirm", "baseline-phases", "longctx",
-             "longctx-1048576", "release-baseline", "exp-prefix-cache", "exp-dspark", "exp-hicache", "teardown"]
+             "longctx-1048576", "release-baseline", "exp-prefix-cache", "exp-dspark", "exp-hicache", "exp-symm-mem",
+             "teardown"]
     for before, after in zip(chain, chain[1:]):
         assert f"{before}.Succeeded" in seq[after]["depends"], (before, after, seq[after]["depends"])
     assert seq["perf-c32-1k-1k"]["when"] == "{{tasks.perf.outputs.parameters.unlock_c32_1k_1k}} == true"
@@ -244,17 +256,57 @@ def test_cron_forbids_overlap_and_refs_the_template():
     assert spec["schedules"] == ["0 2 * * *"] and "schedule" not in spec
     assert spec["timezone"] == "Asia/Shanghai"
     assert spec["startingDeadlineSeconds"] > 0
-    assert spec["workflowSpec"]["workflowTemplateRef"] == {"name": "gauntlet-kimi-k3-h20"}
+    # the nightly CronWorkflow submits the nightly template, never the qualification's
+    assert spec["workflowSpec"]["workflowTemplateRef"] == {"name": "gauntlet-kimi-k3-h20-nightly"}
+    assert spec["workflowSpec"]["workflowMetadata"]["labels"]["gauntlet.dev/run-kind"] == "nightly"
+
+
+def test_the_nightly_template_is_the_qualification_cut_to_the_regression_run():
+    """One graph, two templates: the nightly's tasks are a subset of the qualification's (Gate 0, Gate 1, the
+    nightly engines' deploy, smoke, perf on nightly.cases, suspect, confirm, teardown; regress, report), rendered
+    the same way; its activeDeadlineSeconds is the window, its report step knows it is the nightly."""
+    docs = _docs("kimi-k3-h20")
+    qual = docs["gauntlet-kimi-k3-h20.workflowtemplate.yaml"]
+    night = docs["gauntlet-kimi-k3-h20-nightly.workflowtemplate.yaml"]
+    prof = load_profile("kimi-k3-h20")
+    assert night["metadata"]["labels"]["gauntlet.dev/run-kind"] == "nightly"
+    assert qual["metadata"]["labels"]["gauntlet.dev/run-kind"] == "qualification"
+    assert night["spec"]["activeDeadlineSeconds"] == int(prof.nightly.window_h * 3600) < qual["spec"]["activeDeadlineSeconds"]
+    assert night["spec"]["synchronization"] == qual["spec"]["synchronization"]     # one pool, one holder at a time
+
+    def tasks(wt: dict, dag: str) -> dict[str, dict]:
+        t = next(x for x in wt["spec"]["templates"] if x["name"] == dag)
+        return {x["name"]: x for x in t["dag"]["tasks"]}
+
+    qm, nm = tasks(qual, "main"), tasks(night, "main")
+    assert set(nm) < set(qm)
+    assert set(qm) - set(nm) == {"prewarm-0", "prewarm-1", "engine-check-vllm", "pull-vllm-0", "pull-vllm-1", "vllm"}
+    assert "prewarm" not in {p["name"] for p in night["spec"]["arguments"]["parameters"]}
+    engines = next(p for p in night["spec"]["arguments"]["parameters"] if p["name"] == "engines")
+    assert engines["value"] == "sglang" and engines["enum"] == ["sglang"]
+    qs, ns = tasks(qual, "engine-sequence"), tasks(night, "engine-sequence")
+    assert list(ns) == ["deploy", "smoke", "perf", "suspect", "confirm", "teardown"]
+    assert ns["deploy"] == qs["deploy"] and ns["smoke"] == qs["smoke"]     # the same gates, rendered the same way
+    assert all(ns[t]["template"] == qs[t]["template"] for t in ns)
+    assert ns["suspect"]["depends"] == "perf.Succeeded"                  # no gated case in the nightly
+    perf = next(x for x in night["spec"]["templates"] if x["name"] == "seq-perf")["container"]["args"]
+    assert perf[perf.index("--cases") + 1] == "c16-1k-1k,c16-8k-1k"
+    report = next(x for x in night["spec"]["templates"] if x["name"] == "report")
+    args = report["container"]["args"]
+    assert args[args.index("--run") + 1] == "nightly"
+    qreport = next(x for x in qual["spec"]["templates"] if x["name"] == "report")["container"]["args"]
+    assert qreport[qreport.index("--run") + 1] == "qualification"
 
 
 def test_rbac_is_namespaced_and_least_privilege():
-    """Everything that writes is namespaced; the one cluster-wide grant is listing pods (read-only),
-    which Gate 1 needs to name other teams' GPU pods on our nodes."""
+    """Everything that writes is namespaced; the cluster-wide grants are read-only: listing pods, which Gate 1
+    needs to name other teams' GPU pods on our nodes, and getting three named objects (the namespace, the label
+    policy and its binding), which the params step reads before any GPU is requested."""
     rbac = next(v for k, v in _docs("kimi-k3-h20").items() if k.endswith(".rbac.yaml"))
     kinds = sorted(d["kind"] for d in rbac)
     # one account per API role (steps/backends/kubernetes/rbac.py ROLES), the label policy (tests/test_rbac.py)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", *["Role"] * 4, *["RoleBinding"] * 4, *["ServiceAccount"] * 4,
-                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert kinds == [*["ClusterRole"] * 2, *["ClusterRoleBinding"] * 2, *["Role"] * 5, *["RoleBinding"] * 5,
+                     *["ServiceAccount"] * 5, "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     for role in (d for d in rbac if d["kind"] == "Role"):
         assert role["metadata"]["namespace"] == "gauntlet"
         for rule in role["rules"]:
@@ -262,8 +314,14 @@ def test_rbac_is_namespaced_and_least_privilege():
             assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
             # create only beside patch: a server-side apply that creates is authorized as create
             assert "create" not in rule["verbs"] or "patch" in rule["verbs"]
-    cluster = next(d for d in rbac if d["kind"] == "ClusterRole")
-    assert cluster["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    cluster = {d["metadata"]["name"]: d["rules"] for d in rbac if d["kind"] == "ClusterRole"}
+    assert cluster["gauntlet-nodes-gauntlet-node-pods"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    policy = "gauntlet-gauntlet-run-label"
+    assert cluster["gauntlet-admission-gauntlet-admission"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"], "resourceNames": ["gauntlet"]},
+        {"apiGroups": ["admissionregistration.k8s.io"],
+         "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"], "verbs": ["get"],
+         "resourceNames": [policy]}]
 
 
 # --- what makes rendered documents runnable (issue 10: 1, 6, 7) ---------------------------------------------
@@ -340,10 +398,74 @@ def test_janitor_cronworkflow():
 
 
 def test_report_fails_the_nightly_on_a_regression():
-    """Argo judges the main DAG by its leaf, report: it gets regress's verdict and fails on it."""
-    report = _tasks(_wt(), "main")["report"]
-    assert report["depends"] == "regress.Succeeded || regress.Failed"
+    """Argo judges the main DAG by its leaf, report: it runs whatever regress ended in, gets regress's verdict and
+    the phase of every task before it, and fails on a regression or on a task that did not pass."""
+    main = _tasks(_wt(), "main")
+    report = main["report"]
+    assert report["depends"] == ("params.Succeeded && (regress.Succeeded || regress.Failed || regress.Errored || "
+                                 "regress.Skipped || regress.Omitted)")
     args = {a["name"]: a["value"] for a in report["arguments"]["parameters"]}
-    assert args == {"regress-verdict": "{{tasks.regress.outputs.parameters.verdict}}"}
+    before = list(main)[:list(main).index("report")]
+    assert args == {"regress-verdict": "{{tasks.regress.outputs.parameters.verdict}}",
+                    **{f"{t}-status": f"{{{{tasks.{t}.status}}}}" for t in before}}
     c = _templates(_wt())["report"]["container"]
     assert c["args"][c["args"].index("--regress-verdict") + 1] == "{{inputs.parameters.regress-verdict}}"
+    up = c["args"][c["args"].index("--upstream") + 1:]
+    assert up == [f"{t}={{{{inputs.parameters.{t}-status}}}}" for t in before]
+
+
+def _pinned_to(template: dict) -> list[str]:
+    """The nodes a container template's pod may run on (its required node affinity)."""
+    terms = template["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return [v for t in terms for e in t["matchExpressions"] for v in e["values"]]
+
+
+def test_every_image_an_engine_runs_in_is_pulled_on_every_pool_node_before_it():
+    """Rank start-up skew is not an image pull: on the rendered template, before each engine sequence (among the
+    tasks it depends on), every pool node has a pod of its own pinned to it in the engine's image (what its
+    ranks run, telemetry and marker check included: manifests.engine_statefulset) and one in the bench image
+    (Gate 4's client), each running whenever that engine's sequence does. A real kubelet pulls the image
+    (IfNotPresent, by digest) to start that pod, so by deploy every node holds it. Before Gate 1's pulls only
+    engine-check-vllm ran in the vLLM image, on one node of the two (any pool node)."""
+    from gauntlet.params import load_images
+    profile = load_profile("kimi-k3-h20")
+    graph = build_graph(profile, "argo")
+    wt, images = _wt(), load_images()
+    templates, main = _templates(wt), _tasks(wt, "main")
+
+    def upstream(name: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [d for d, _ in _depends_terms(main[name].get("depends"))]
+        while todo:
+            t = todo.pop()
+            if t not in seen:
+                seen.add(t)
+                todo += [d for d, _ in _depends_terms(main[t].get("depends"))]
+        return seen
+
+    pool = [n.name for n in profile.hardware.nodes]
+    assert len(pool) == 2
+    for engine in profile.engine_order():
+        before = upstream(engine)
+        for key in (profile.engines[engine].image, "steps-vllm"):
+            ref = images[key].ref
+            for node in pool:
+                on_node = [t for t in sorted(before) if "container" in templates[main[t]["template"]]
+                           and templates[main[t]["template"]]["container"]["image"] == ref
+                           and _pinned_to(templates[main[t]["template"]]) == [node]]
+                assert on_node, f"{engine}: no task before it runs {key} ({ref}) pinned to {node}"
+                # it runs whenever the engine does (engines=<engine> or both), never only on another's run
+                for value in (engine, "both"):
+                    assert any(graph.main.task(t).when is None or graph.main.task(t).when.holds(value)
+                               for t in on_node), (engine, key, node, value, on_node)
+    # each engine's pulls run only where the engine does: engines=sglang pulls no vLLM image
+    pulls = {t.name: t for t in graph.main.tasks if t.step == "pull"}
+    assert sorted(pulls) == ["pull-sglang-0", "pull-sglang-1", "pull-vllm-0", "pull-vllm-1"]
+    assert [n for n, t in pulls.items() if t.when is not None and t.when.holds("sglang")] == \
+        ["pull-sglang-0", "pull-sglang-1"]
+    # they ask for no GPU (they run beside Gate 1's probes) and fail a pull still Pending at their deadline:
+    # no retryStrategy, so Argo's template timeout fires on the Pending pod (render._placement)
+    for name in pulls:
+        tmpl = templates[main[name]["template"]]
+        assert "nvidia.com/gpu" not in str(tmpl["container"]["resources"]) and "retryStrategy" not in tmpl
+        assert tmpl["timeout"] == "1800s"

@@ -11,6 +11,7 @@ from gauntlet.steps.gates.experiment import compare, verdict
 from gauntlet.steps.gates.longctx import RungResult, judge_rung
 from gauntlet.steps.gates.perf import CaseResult, case_table
 from gauntlet.steps.evidence.report import fair_ab, write_report
+from gauntlet.steps.gates.regress import Label
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32.0-cpu/bench-serve-result.json"
 
@@ -129,9 +130,8 @@ def test_report_shows_each_phase_and_the_confirmation(tmp_path):
                {"variant": "prefix-cache", "engine": "vllm", "change": {"prefix_cache": True}, "verdict": d,
                 "verdict_reason": why, "comparisons": comparisons, "phase_verdicts": pv, "main_phase": target,
                 "comparison": comparisons[target]}).write(run / "vllm" / "exp-prefix-cache")
-    label = {"engine": "vllm", "case": "c2-128-32", "metric": "output_throughput", "label": "unconfirmed",
-             "value": 70.0, "centre": 77.0, "threshold": 2.3, "change_rel": -0.09, "nights": 14, "suspected": True,
-             "confirm_value": 76.5, "confirm_threshold": 2.9, "confirm_change_rel": -0.0065, "confirm_rounds": 6}
+    label = Label("vllm", "c2-128-32", "output_throughput", "unconfirmed", 70.0, 77.0, 2.3, -0.09, 14, suspected=True,
+                  confirm_value=76.5, confirm_threshold=2.9, confirm_change_rel=-0.0065, confirm_rounds=6).to_dict()
     rounds = {"measure": {"vllm/c2-128-32": [{"round": i, "output_throughput": v} for i, v in
                                              enumerate((69.0, 70.0, 71.5), 1)]},
               "confirm": {"vllm/c2-128-32": [{"round": i, "output_throughput": 76.0 + i / 10} for i in range(1, 7)]}}
@@ -147,7 +147,8 @@ def test_report_shows_each_phase_and_the_confirmation(tmp_path):
     assert "**reusable prefix phase, baseline vs variant on the same workload**" in exp and "**better**" in exp
     assert "adopt variant" in exp
     reg = md[md.index("## Nightly regression"):]
-    assert reg.count("| vllm | c2-128-32 | output_throughput |") == 1 and "**unconfirmed**" in reg
+    assert reg.count("| vllm | c2-128-32 | output_throughput |") == 1
+    assert "| **suspicious** | night -9.0%, not confirmed by 6 fresh rounds -0.7% |" in reg
     assert "76.50 (6) | -0.7% |" in reg
     assert "night 69.00, 70.00, 71.50; confirmation 76.10, 76.20, 76.30, 76.40, 76.50, 76.60." in reg
 
@@ -163,8 +164,8 @@ def test_report_names_where_a_regression_came_from(tmp_path):
                                               "change_rel": -0.09, "nights": 14, "origin": origin}]}
                ).write(run / "regress")
     reg = write_report(run, []).read_text().split("## Nightly regression")[1]
-    assert ("Where vllm/c2-128-32 (output_throughput) changed: last good night n12 (2026-11-30T02:00:00), "
-            "first bad night n13 (2026-12-01T02:00:00); image_digest: `sha256:aaa` → `sha256:bbb`.") in reg
+    assert ("Where vllm/c2-128-32 (output_throughput regressed) changed: last good night n12 (2026-11-30), "
+            "first bad night n13 (2026-12-01); image_digest: `sha256:aaa` → `sha256:bbb`.") in reg
 
 
 def _nights(n, drop_last=False):
@@ -198,3 +199,82 @@ def test_trend_plot_reads_with_one_night_and_with_ninety(tmp_path):
         run = _run_dir(tmp_path / str(n))
         md = write_report(run, _nights(n, drop_last=n > 1)).read_text()
         assert "![nightly trend](trend.png)" in md and (run / "trend.png").stat().st_size > 10_000
+
+
+def test_the_engine_comparison_checks_both_engines_sent_the_same_requests():
+    """Each round records its request set's digest; the A/B table compares a case only where the two engines'
+    digests agree, refuses the ratio where they differ, and names the cases where they were not recorded."""
+    from gauntlet.steps.evidence.report import render_markdown
+
+    def perf(engine: str, tput: float, digest: str | None) -> dict:
+        rounds = [{"valid": True, "round": i, "output_throughput": tput, "requests_sha256": digest} for i in (1, 2, 3)]
+        t = {"output_throughput": {"min": tput - 1, "median": tput, "max": tput + 1}}
+        return {"gate": "perf", "status": "pass", "metrics": {"engine": engine, "cases": {
+            "c2-128-32": {"concurrency": 2, "rounds": rounds, "table": t}}}}
+
+    def ab(vllm_digest: str | None, llamacpp_digest: str | None) -> str:
+        verdicts = {"vllm/perf": perf("vllm", 40.0, vllm_digest), "llamacpp/perf": perf("llamacpp", 55.0, llamacpp_digest)}
+        md = render_markdown({"run_id": "r", "verdicts": verdicts}, load_profile("local-cpu"))
+        return md[md.index("### Engine comparison"):md.index("## Long context")]
+
+    same = ab("5a1c0ffee0000001", "5a1c0ffee0000001")
+    assert "| c2-128-32 | out tok/s | 40.0 [39.0–41.0] | 55.0 [54.0–56.0] | 1.38x | yes |" in same
+    assert "Request sets not recorded" not in same and "not compared" not in same
+    # the client re-aligned its prompts to one server's tokenizer: other requests, no ratio
+    differ = ab("5a1c0ffee0000001", "77e5e7e5e7e5e7e5")
+    assert ("| c2-128-32 | out tok/s | 40.0 [39.0–41.0] | 55.0 [54.0–56.0] | – | not compared: different requests "
+            "(vllm `5a1c0ffee0000001`, llamacpp `77e5e7e5e7e5e7e5`) |") in differ and "1.38x" not in differ
+    unknown = ab("5a1c0ffee0000001", None)
+    assert "1.38x" in unknown and "Request sets not recorded on both engines for c2-128-32" in unknown
+
+
+def _store_with_a_regression(store):
+    """Ten quiet nights of local-cpu's c2-128-32 (vLLM, 50 tok/s, image a, driver 550), then night10 12% down on
+    image b and driver 570, repeated by six confirmation rounds: real store rows."""
+    import random
+
+    from gauntlet.steps.evidence.results import append_rounds
+
+    rng = random.Random(3)
+
+    def night(i, value, digest, drv, phase="measure", rounds=3):
+        return [dict(run_id=f"night{i:02d}", profile="local-cpu", engine="vllm", date=f"2026-11-{i + 1:02d}",
+                     timestamp=f"2026-11-{i + 1:02d}T0{2 if phase == 'measure' else 3}:00:00",
+                     client="vllm-bench-serve", args_hash="h", experiment="baseline", phase=phase, case="c2-128-32",
+                     round=r + 1, valid=True, image_digest=digest, driver=drv, nodes="node-a", model_fingerprint="fp",
+                     git_rev="abc", output_throughput=value, request_throughput=50.0 / 32, p99_ttft_ms=300.0,
+                     p99_tpot_ms=40.0, p99_e2el_ms=1500.0) for r in range(rounds)]
+    rows = [r for i in range(10) for r in night(i, 50.0 * (1 + rng.uniform(-0.01, 0.01)), "sha256:aaa", "550.54.15")]
+    rows += night(10, 44.0, "sha256:bbb", "570.86.10") + night(10, 44.0, "sha256:bbb", "570.86.10", "confirm", 6)
+    append_rounds(rows, store)
+
+
+def test_report_md_opens_with_the_nights_verdict_in_one_line(tmp_path):
+    """The real regress step on real store rows, then the report: the line after the title is the night's
+    verdict, for a nightly and for the qualification."""
+    from gauntlet.steps.evidence.report import build_report
+    from gauntlet.steps.gates.regress import Options, run as regress
+
+    store = tmp_path / "store"
+    _store_with_a_regression(store)
+    run_dir = tmp_path / "runs" / "night10"
+    profile = load_profile("local-cpu")
+    checks, metrics = regress(Options(profile=profile, results_uri=str(store), run_id="night10"), run_dir / "regress")
+    Verdict.of("regress", now_iso(), checks, metrics).write(run_dir / "regress")
+    verdict = ("1 regressed (vllm/c2-128-32 output_throughput -11.7%, first bad night10: image sha256:aaa->sha256:bbb, "
+               "driver 550.54.15->570.86.10), 4 no regression")
+    for kind, first in (("nightly", f"**Nightly**: {verdict}; 1 task(s) did not pass (below)."),
+                        ("qualification", f"**Qualification**: 0 task(s) pass, 1 did not; regression: {verdict}.")):
+        md = build_report(run_dir, [], profile=profile, run=kind).path.read_text()
+        lines = md.splitlines()
+        assert lines[0] == "# gauntlet run `night10`"
+        assert next(x for x in lines[1:] if x.strip()) == first
+    reg = md[md.index("## Nightly regression"):]
+    assert "| vllm | c2-128-32 | output_throughput | **regressed** | night -11.7%, confirmed by 6 fresh rounds -11.7% |" \
+        in reg
+    assert ("Where vllm/c2-128-32 (output_throughput regressed) changed: last good night night09 (2026-11-10), "
+            "first bad night night10 (2026-11-11); image_digest: `sha256:aaa` → `sha256:bbb`; "
+            "driver: `550.54.15` → `570.86.10`.") in reg
+    # the regressed row comes first, then the four metrics with no regression
+    rows = [x for x in reg.splitlines() if x.startswith("| vllm |")]
+    assert [r.split(" | ")[3] for r in rows] == ["**regressed**"] + ["**no regression**"] * 4

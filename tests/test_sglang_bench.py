@@ -20,8 +20,8 @@ from conftest import in_ci
 from gauntlet.contract import Check, TransientError, UsageError, Verdict, now_iso
 from gauntlet.params import load_profile, profile_path
 from gauntlet.steps.client.bench import BenchRequest
-from gauntlet.steps.engines.sglang_bench import (CLIENT, Sample, dataset_lines, parse_sglang_result, requests_digest,
-                                          run_sglang_client)
+from gauntlet.steps.client.request_set import Sample, requests_digest
+from gauntlet.steps.engines.sglang_bench import CLIENT, dataset_lines, parse_sglang_result, run_sglang_client
 
 PROFILE = load_profile("local-cpu")
 
@@ -64,7 +64,7 @@ def test_both_clients_send_the_same_requests(tmp_path, local_model):
     assert rec["completed"] == 9 and rec["failed"] == 0 and rec["num_prompts"] == 9 and rec["success_rate"] == 1.0
     assert rec["total_output_tokens"] == 9 * 16 and rec["max_concurrency"] == 3
     assert rec["output_throughput"] > 0 and rec["p99_ttft_ms"] is not None and rec["p50_e2el_ms"] is not None
-    assert rec["requests_sha256"] == requests_digest(x["prompt"] for x in a)
+    assert rec["requests_sha256"] == requests_digest(Sample(x["prompt"], 0, x["max_tokens"]) for x in a)
     assert rec["client"] == CLIENT and rec["client_version"].startswith("sglang ")
     assert len(diag.dataset_path.read_text().splitlines()) == 9
 
@@ -82,7 +82,9 @@ def test_parse_maps_sglang_keys_to_the_round_shape():
     assert rec["first_error"] == "aiohttp.ClientError: boom"
     line = json.loads(dataset_lines([Sample("hello there", 2, 16)])[0])
     assert line == {"conversations": [{"content": "hello there"}, {"content": ""}]}
-    assert requests_digest(["a", "b"]) == requests_digest(["b", "a"]) != requests_digest(["a", "a"])
+    a, b = Sample("a", 1, 16), Sample("b", 1, 16)
+    assert requests_digest([a, b]) == requests_digest([b, a]) != requests_digest([a, a])
+    assert requests_digest([a]) != requests_digest([Sample("a", 1, 17)])     # the output length counts too
 
 
 def test_a_diagnostic_that_cannot_run_says_why_in_one_line(tmp_path):

@@ -324,14 +324,16 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys):
 
 
 def _scripted(defect: str | None = None, style: str = "sglang"):
-    """A Kimi K3 server speaking like ``style``: SGLang 0.5.23 or vLLM 0.32 (steps/engines/replies.py)."""
+    """A Kimi K3 server speaking like ``style``: SGLang 0.5.23 or vLLM 0.32 (steps/engines/replies.py), with
+    ``defect`` (several joined by ``+``)."""
     import base64
     import re
 
     import httpx
 
+    defects = set((defect or "").split("+"))
     rkey = "reasoning_content" if style == "sglang" else "reasoning"
-    if defect == "reasoning-wrong-field":
+    if "reasoning-wrong-field" in defects:
         rkey = "reasoning" if style == "sglang" else "reasoning_content"
     named_finish = "tool_calls" if style == "sglang" else "stop"
 
@@ -354,12 +356,19 @@ def _scripted(defect: str | None = None, style: str = "sglang"):
             url = next(p["image_url"]["url"] for p in last if p["type"] == "image_url")
             png = base64.b64decode(url.split(",", 1)[1])
             if png != solid_png("red"):
-                return 400, error("Failed to load image: image file is truncated")
-            return 200, reply("Blue." if defect == "image-blue" else "Red.", "A flat colour.")
+                if "image-500" in defects:      # an engine that lets the loader's error through as a server error
+                    return 500, {"object": "error", "message": "Internal server error: Error while loading data",
+                                 "type": "InternalServerError", "param": None, "code": 500}
+                if "image-hang" in defects:
+                    return None, None          # no answer: the handler times the request out
+                # each engine's own words (tests/test_smoke_sglang_image.py: SGLang 0.5.23's loader and handler)
+                return 400, error("Could not decode image: image file is truncated" if style == "sglang"
+                                  else "Failed to load image: image file is truncated")
+            return 200, reply("Blue." if "image-blue" in defects else "Red.", "A flat colour.")
         if len(last) > 100_000:
             return 400, error("The input (49153 tokens) is longer than the model's context length (32768 tokens).")
         if req.get("tools"):
-            args = '"Paris"' if defect == "tool-string" else '{"city": "Paris"}'
+            args = '"Paris"' if "tool-string" in defects else '{"city": "Paris"}'
             finish = named_finish if isinstance(req.get("tool_choice"), dict) else "tool_calls"
             return 200, reply("", "The user wants weather.", finish,
                               [{"id": "call_1", "type": "function",
@@ -371,17 +380,21 @@ def _scripted(defect: str | None = None, style: str = "sglang"):
             return 200, reply("Hello there, nice to meet you!", "Greet.")
         a, op, b = re.search(r"(\d+)\s*([+*])\s*(\d+)", last).groups()
         n = int(a) + int(b) if op == "+" else int(a) * int(b)
-        if defect == "reasoning-only":
+        if "reasoning-only" in defects:
             return 200, reply("", f"{a}{op}{b} is {n} so", "length")
-        if defect == "think-leak":
+        if "think-leak" in defects:
             return 200, reply(f"<think>{a}{op}{b}</think>{n}", "")
         return 200, reply(str(n), f"{a}{op}{b} = {n}.")
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(503 if "unhealthy" in defects else 200)
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": "kimi-k3", "object": "model"}]})
         req = json.loads(request.content)
         status, body = answer(req)
+        if status is None:
+            raise httpx.ReadTimeout("timed out", request=request)
         if not req.get("stream") or status != 200:
             return httpx.Response(status, json=body)
         msg, events = body["choices"][0]["message"], []
@@ -424,6 +437,56 @@ def test_kimi_profile_paths_over_a_scripted_server(defect, failing, engine):
         assert "is not of type 'object'" in by["tool-call"].detail
     if defect is None:
         assert by["tool-call"].expected["finish_reason"] == "tool_calls"      # auto choice on Kimi K3
+
+
+def _declaring(engine: str, check: str, why: str):
+    from gauntlet.params import load_profile
+    profile = load_profile("kimi-k3-h20")
+    spec = profile.engines[engine].model_copy(update={"known_deviations": {check: why}})
+    return profile.model_copy(update={"engines": {**profile.engines, engine: spec}})
+
+
+def _rank_1_exits():
+    """The rank watch's own judgement (steps/cluster/rank_watch.py) of rank 1 gone between two reads."""
+    from gauntlet.steps.cluster.rank_watch import Rank, judge
+    before = [Rank(0, "uid-0", 0, True, "engine-0 on h20-node-01"), Rank(1, "uid-1", 0, True, "engine-1 on h20-node-02")]
+    after = [before[0], Rank(1, "uid-1", 0, False, "engine-1 on h20-node-02")]
+    return lambda: [judge("smoke", before, after).detail]
+
+
+@pytest.mark.parametrize("defect, ranks, status, words", [
+    # a 500 for the broken PNG, every rank up, the engine answering and healthy after: the declared deviation
+    ("image-500", None, "skip", ("known deviation", "HTTP 500", "why: the loader's error is a 500")),
+    # the same 500 with rank 1 gone: a failure naming the rank, never "known deviation"
+    ("image-500", _rank_1_exits(), "fail", ("not excused", "rank 1 exited during smoke")),
+    # the same 500, and /health says the engine is not serving after the checks
+    ("image-500+unhealthy", None, "fail", ("not excused", "GET /health after every check: HTTP 503")),
+    # no answer in time to the broken PNG: a hang, whatever the engine does afterwards
+    ("image-hang", None, "fail", ("no response: ReadTimeout", "no answer in time")),
+])
+def test_a_declared_deviation_is_excused_only_when_answered_with_every_rank_up(defect, ranks, status, words):
+    from gauntlet.steps.client.http import EngineClient
+    from gauntlet.steps.gates.smoke import run_checks
+    profile = _declaring("sglang", "invalid-image", "the loader's error is a 500")
+    with EngineClient("http://kimi.test/v1", 5, transport=_scripted(defect)) as c:
+        checks, _ = run_checks(c, profile, "sglang", ranks=ranks)
+    by = {ch.name: ch for ch in checks}
+    check = by["invalid-image"]
+    assert check.status == status, check.detail
+    for w in words:
+        assert w in check.detail, check.detail
+    others = {n: ch.status for n, ch in by.items() if n != "invalid-image"}
+    assert set(others.values()) == {"pass"}, others
+
+
+def test_a_declared_deviation_the_engine_does_not_show_on_the_kimi_path_fails_as_stale():
+    """SGLang 0.5.23 refuses the broken PNG with 400 (tests/test_smoke_sglang_image.py): declaring it fails."""
+    from gauntlet.steps.client.http import EngineClient
+    from gauntlet.steps.gates.smoke import run_checks
+    with EngineClient("http://kimi.test/v1", 5, transport=_scripted()) as c:
+        checks, _ = run_checks(c, _declaring("sglang", "invalid-image", "r"), "sglang")
+    check = {ch.name: ch for ch in checks}["invalid-image"]
+    assert check.status == "fail" and "remove it from the profile" in check.detail
 
 
 @pytest.mark.parametrize("engine, server, ok", [

@@ -37,12 +37,15 @@ def test_kimi_structure_packed_experts_config_and_aux_files(tmp_path):
     with safe_open(str(d / idx["weight_map"]["language_model.model.layers.0.input_layernorm.weight"]), "numpy") as f:
         assert f.get_slice("language_model.model.layers.0.input_layernorm.weight").get_dtype() == "BF16"
     cfg = json.loads((d / "config.json").read_text())
-    assert cfg["quantization_config"]["format"] == "mxfp4"
+    assert cfg["quantization_config"]["format"] == KIMI.model.architecture.quantization.fmt == "mxfp4-pack-quantized"
     assert cfg["text_config"]["max_position_embeddings"] == KIMI.model.architecture.max_position_embeddings
     lac = cfg["text_config"]["linear_attn_config"]
     assert len(lac["kda_layers"]) + len(lac["full_attn_layers"]) == cfg["text_config"]["num_hidden_layers"]
-    assert "num_hidden_layers" in cfg["_synthetic"]["fields"]            # null in the profile: synthetic
-    assert "max_position_embeddings" not in cfg["_synthetic"]["fields"]  # the profile's value
+    assert cfg["text_config"]["num_hidden_layers"] == 93                 # the profile's value
+    assert "num_hidden_layers" not in cfg["_synthetic"]["fields"]
+    # 896 experts a layer would be 300 MB a copy: the dense directory writes 8, and says so
+    assert cfg["_synthetic"]["scaled"] == {"moe.n_routed_experts": 8, "moe.num_experts_per_tok": 8}
+    assert cfg["text_config"]["n_routed_experts"] == 8 and cfg["text_config"]["n_shared_experts"] == 2
     assert "chat_template" in json.loads((d / "tokenizer_config.json").read_text())
     assert (d / "preprocessor_config.json").is_file()
     marker = json.loads((d / ".aik8s-complete").read_text())

@@ -1,4 +1,5 @@
-"""Per-rank telemetry: the sampler's readers on real outputs, its HTTP face, the perf side, the sidecar, the report."""
+"""Per-rank telemetry: the sampler's readers on real outputs, its HTTP face, the perf side, its place in the engine
+container, the report."""
 
 from __future__ import annotations
 
@@ -127,18 +128,133 @@ def test_sampler_http_refuses_bad_windows(sampler_url):
     assert httpx.get(f"{url}/health").json()["ok"] is True
 
 
-def test_sidecar_beside_every_engine_rank_shares_the_gpus_without_requesting_them():
+def test_the_sampler_runs_in_the_container_that_holds_the_gpus():
+    """No container of the engine's pod leans on ``NVIDIA_VISIBLE_DEVICES`` without a GPU allocation (on a CDI
+    runtime, GPU Operator v25.10 and later, such a container sees no GPU): the pod has one container, the engine,
+    which holds the node's GPUs, and its launch script starts the sampler beside the engine."""
     kimi = load_profile("kimi-k3-h20")
     sts = M.engine_statefulset(kimi, "sglang", "0123456789ab-uid", "img")
-    engine, side = sts["spec"]["template"]["spec"]["containers"]
-    assert engine["name"] == "engine" and side["name"] == "telemetry" and side["image"] == "img"
-    assert "nvidia.com/gpu" not in json.dumps(side["resources"])
-    env = {e["name"]: e.get("value") for e in side["env"]}
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    pod = sts["spec"]["template"]["spec"]
+    for c in pod["containers"] + pod["initContainers"]:
+        names = {e["name"] for e in c.get("env") or []}
+        assert "NVIDIA_VISIBLE_DEVICES" not in names and "NVIDIA_DRIVER_CAPABILITIES" not in names, c["name"]
+    (engine,) = pod["containers"]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "8" and "runtimeClassName" not in pod
+    env = {e["name"]: e.get("value") for e in engine["env"]}
     # the pod runs this very module from its source (every $ doubled: the kubelet reads $$ as $)
-    assert env["GAUNTLET_TELEMETRY_SRC"] == Path(T.__file__).read_text().replace("$", "$$")
-    assert side["ports"] == [{"name": "telemetry", "containerPort": kimi.hardware.telemetry.port}]
-    assert f"serve --port {kimi.hardware.telemetry.port} --interval" in side["command"][2]
+    assert env[M.SAMPLER_SRC_ENV] == Path(T.__file__).read_text().replace("$", "$$")
+    assert {"name": "telemetry", "containerPort": kimi.hardware.telemetry.port} in engine["ports"]
+    script = engine["command"][2].replace("$$", "$")
+    sampler = next(ln for ln in script.splitlines() if "gauntlet_telemetry.py serve" in ln)
+    assert sampler.endswith('--exit-with "$$" ) &') and script.index(sampler) < script.index("0) exec ")
+
+
+def test_the_rendered_launch_script_starts_the_sampler_beside_the_engine_and_it_leaves_with_it(tmp_path):
+    """The engine pod's own launch script, run as the container runs it (``/bin/sh -c``, the env the pod spec gives,
+    every ``$$`` read as ``$`` as the kubelet does), with a stand-in for the ``vllm`` program on PATH (no GPU and
+    no vLLM GPU build here): the real sampler answers on the profile's telemetry port, reporting why it has no GPU
+    source on this machine, and exits when the engine does."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import httpx
+
+    from gauntlet.steps.engines.local_vllm import free_port
+    port = free_port()
+    kimi = load_profile("kimi-k3-h20")
+    kimi = kimi.model_copy(update={"hardware": kimi.hardware.model_copy(update={
+        "telemetry": kimi.hardware.telemetry.model_copy(update={"port": port})})})
+    (engine,) = M.engine_statefulset(kimi, "vllm", "0123456789ab-uid", "img")["spec"]["template"]["spec"]["containers"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text("#!/bin/sh\nexec sleep 60\n")          # the engine: it holds the pid
+    (bin_dir / "vllm").chmod(0o755)
+    env = {e["name"]: e["value"].replace("$$", "$") for e in engine["env"] if "value" in e}
+    env.update(POD_NAME="g-vllm-01234567-1", NODE_NAME="h20-node-02", HOST_IP="127.0.0.1",
+               PATH=f"{bin_dir}:{os.environ['PATH']}", TMPDIR=str(tmp_path))
+    script = engine["command"][2].replace("$$", "$").replace("/tmp/gauntlet_telemetry.py",
+                                                             str(tmp_path / "gauntlet_telemetry.py"))
+    p = subprocess.Popen(["/bin/sh", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    try:
+        health, deadline = None, time.monotonic() + 30
+        while health is None and time.monotonic() < deadline:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert health and health["ok"] and health["pod"] == "g-vllm-01234567-1", health
+        assert health["gpu_source"].startswith("none: ")          # this machine has no GPU: it says why
+        os.kill(p.pid, signal.SIGKILL)                            # the engine (the shell exec'd into it) dies
+        p.wait()
+        gone = time.monotonic() + 10
+        while time.monotonic() < gone:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
+                time.sleep(0.2)
+            except httpx.HTTPError:
+                break
+        else:
+            raise AssertionError("the sampler outlived its engine")
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _rank(rank: int, source: str, gpus: int, reachable: bool = True) -> dict:
+    return {"rank": rank, "where": f"g-sglang-{rank}", "reachable": reachable, "gpu_source": source,
+            "samples": 4 if reachable else 0, "gpus": gpus,
+            **({} if reachable else {"error": f"rank {rank} (g-sglang-{rank}) telemetry unreachable at http://x"})}
+
+
+def test_no_gpu_source_on_a_gpu_profile_fails_perf_naming_the_rank_and_why():
+    from gauntlet.steps.cluster.rank_telemetry import GPU_SOURCE_CHECK, gpu_source_check
+    none = "none: NVML initialised but sees 0 GPUs (this container holds no GPU allocation)"
+    c = gpu_source_check([_rank(0, "nvml", 8), _rank(1, none, 0)], 8)
+    assert c.name == GPU_SOURCE_CHECK and c.status == "fail" and c.observed == [1]
+    assert c.detail.startswith(f"rank 1 (g-sglang-1): no GPU source ({none}): the rounds' GPU figures")
+    assert "rank 0" not in c.detail
+    few = gpu_source_check([_rank(0, "nvidia-smi", 3)], 8)
+    assert few.status == "fail" and "nvidia-smi reads 3 of 8 GPUs" in few.detail
+    ok = gpu_source_check([_rank(0, "nvml", 8), _rank(1, "nvml", 8), _rank(1, "", 0, reachable=False)], 8)
+    assert ok.status == "pass" and "2 rank(s) read 8 GPU(s) each through nvml" in ok.detail
+    silent = gpu_source_check([_rank(0, "", 0, reachable=False)], 8)
+    assert silent.status == "skip" and "no rank's sampler answered: rank 0 (g-sglang-0) telemetry unreachable" in \
+        silent.detail
+    assert gpu_source_check([_rank(0, "none: no nvidia-smi", 0)], 0) is None          # a CPU profile
+
+
+def test_a_reader_whose_nvml_sees_no_device_has_no_gpu_source(monkeypatch):
+    """What a container without a GPU allocation sees on a CDI runtime: NVML's library is there, no device is."""
+    import sys
+    import types
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 0,
+                                 nvmlDeviceGetHandleByIndex=lambda i: None)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    r = T.Reader(smi=None)
+    assert r.gpu_source == "none: NVML initialised but sees 0 GPUs (this container holds no GPU allocation)"
+    assert r.gpus() == []
+
+
+def test_the_containers_memory_is_its_cgroups_working_set(tmp_path):
+    """cgroup v2 (memory.current less inactive_file) and v1 (usage_in_bytes less total_inactive_file), as cAdvisor
+    counts the working set the kubelet evicts by; none where there is no such cgroup."""
+    (tmp_path / "memory.current").write_text("1073741824\n")
+    (tmp_path / "memory.stat").write_text("anon 805306368\ninactive_file 268435456\nactive_file 0\n")
+    assert T.container_memory(tmp_path) == 805306368
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("2147483648\n")
+    (v1 / "memory" / "memory.stat").write_text("total_inactive_file 1073741824\n")
+    assert T.container_memory(v1) == 1073741824
+    assert T.container_memory(tmp_path / "none") is None
+    s = T.Sampler(T.Reader(smi=None, nvml=False), cgroup=tmp_path)
+    s.sample()
+    assert T.summarize_rank(list(s.samples))["container_mem_gib_max"] == pytest.approx(0.75)
 
 
 def test_cluster_targets_are_the_per_rank_dns_names(monkeypatch, tmp_path):
@@ -232,10 +348,10 @@ def test_local_sampler_leaves_with_its_engine(tmp_path):
         s.kill()
 
 
-def test_sidecar_sampler_exits_at_once_on_sigterm(tmp_path):
-    """The sidecar runs as PID 1 of its container (``exec python3 ...``), where a signal without a handler is
-    ignored: it must handle SIGTERM, or deleting the engine's pod waits the whole grace period (60 s) while
-    the engine's GPUs stay held. Run in a PID namespace of its own as the kubelet does (unshare, as root)."""
+def test_sampler_exits_at_once_on_sigterm(tmp_path):
+    """Run as PID 1 of a container (as the sidecar it was), a signal without a handler is ignored: it handles
+    SIGTERM, or deleting the engine's pod would wait the whole grace period (60 s) while the engine's GPUs stay
+    held. Run in a PID namespace of its own as the kubelet does (unshare, as root)."""
     import os
     import shutil
     import signal
@@ -267,3 +383,49 @@ def test_sidecar_sampler_exits_at_once_on_sigterm(tmp_path):
         assert time.monotonic() - t0 < 5
     finally:
         p.kill()
+
+
+def test_perf_on_a_gpu_profile_fails_when_the_ranks_sampler_reads_no_gpu(tmp_path, monkeypatch):
+    """Gate 4 itself, on h200-1gpu (kubernetes, 1 GPU a node): the real Reader in a container without the GPU
+    allocation (NVML loads, no device: a CDI runtime), the real Sampler and HTTP server as the rank's sampler,
+    the perf step's own run. No engine serves here: the bench client is a stand-in that returns vLLM 0.32's recorded
+    result. The step fails ``telemetry/gpu-source`` naming the rank and the sampler's reason."""
+    import sys
+    import time
+    import types
+
+    from gauntlet.steps.client.bench import ClientRun
+    from gauntlet.steps.cluster import rank_telemetry
+    from gauntlet.steps.gates import perf
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 0, nvmlDeviceGetHandleByIndex=lambda i: None))
+    reader = T.Reader(ib_root=tmp_path / "ib", proc_net_dev=str(tmp_path / "net_dev"), sys_net=tmp_path / "net",
+                      smi=None)
+    s = T.Sampler(reader, interval_s=0.1)
+    srv = T.serve(s, "127.0.0.1", 0)
+    threading.Thread(target=s.run, daemon=True).start()
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu" / "bench-serve-result.json")
+                         .read_text())
+
+    def client(req, **_):
+        time.sleep(0.4)                 # a round the sampler has samples of
+        return ClientRun(dict(fixture, num_prompts=req.num_prompts, completed=req.num_prompts), 0.4, 0.4, "x")
+
+    monkeypatch.setattr(perf, "run_client", client)
+    monkeypatch.setattr(rank_telemetry, "targets", lambda *a, **k: (
+        [(0, f"http://127.0.0.1:{srv.server_address[1]}", "g-vllm-0")], ""))
+    profile = load_profile("h200-1gpu")
+    try:
+        opts = perf.Options(profile=profile, engine="vllm", endpoint="http://127.0.0.1:9",
+                            cases=(profile.bench.cases[0].name,), rounds=1, tokenizer=str(tmp_path),
+                            bench_python=sys.executable, no_store=True, no_ceiling=True,
+                            diagnostic_clients=("none",), sample_interval=0.1)
+        checks, _ = perf.run(opts, tmp_path / "run" / "vllm" / "perf")
+    finally:
+        s.stop()
+        srv.shutdown()
+    gpu = {c.name: c for c in checks}["telemetry/gpu-source"]
+    assert gpu.status == "fail" and gpu.observed == [0], gpu
+    assert gpu.detail.startswith("rank 0 (g-vllm-0): no GPU source (none: NVML initialised but sees 0 GPUs (this "
+                                 "container holds no GPU allocation)): the rounds' GPU figures"), gpu.detail

@@ -37,6 +37,13 @@ def _add_profile(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="profile name in params/profiles/ (e.g. kimi-k3-h20, local-cpu) or a YAML path")
 
 
+def _add_allow_unverified(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-unverified-images", action="store_true",
+                   help="render a cluster profile whose images are pinned by stand-in digests (params/images.yaml "
+                        "verified: false; also $GAUNTLET_ALLOW_UNVERIFIED_IMAGES=1); the template's "
+                        "gauntlet.dev/unverified-images annotation names them")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="gauntlet", description=(
         "Gated validation pipeline for serving a large model: render it to Argo, "
@@ -47,15 +54,19 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_profile(p)
     p.add_argument("--out", default="build", help="output directory (default: build)")
     p.add_argument("--no-lint", action="store_true", help="skip the strict lint after rendering")
+    _add_allow_unverified(p)
 
     p = sub.add_parser("plan", help="the run's schedule: each task's estimate against its deadline, the GPUs it "
                        "holds and the GPU-hours spent when it ends, with the assumptions (docs/plan.md)")
     _add_profile(p)
     p.add_argument("--json", action="store_true", help="the plan as JSON")
+    p.add_argument("--run", choices=("both", "qualification", "nightly"), default="both",
+                   help="which run's plan: the qualification, the nightly, or both (the default)")
 
     p = sub.add_parser("lint", help="strictly validate rendered files (DIR) or a profile and what it renders")
     p.add_argument("dir", nargs="?", help="directory (or file) of rendered YAML to lint")
     _add_profile(p, required=False)
+    _add_allow_unverified(p)
 
     p = sub.add_parser("submit", help="create/update the templates on Argo, or print the argo commands")
     _add_profile(p)
@@ -65,6 +76,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the exact argo CLI commands instead")
     p.add_argument("--out", default="build", help="where rendered files are written (default: build)")
     p.add_argument("--verify-ssl", action=argparse.BooleanOptionalAction, default=True)
+    _add_allow_unverified(p)
 
     p = sub.add_parser("run", help="run the gate graph locally (the embedded default back end)")
     _add_profile(p)
@@ -72,6 +84,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="run id (default: a timestamp)")
     p.add_argument("--engines", default=None, help="sglang, vllm or both (default: the profile's engines)")
     p.add_argument("--gates", default=None, help="comma-separated gate names to run (default: all)")
+    p.add_argument("--run", choices=("qualification", "nightly"), default="qualification",
+                   help="the qualification (every gate, the default) or the nightly (the scheduled regression run: "
+                        "Gate 0, smoke, the nightly cases, regress, report)")
 
     p = sub.add_parser("janitor", help="release what finished or killed runs left running (--backend local: engines "
                        "of dead runners under --runs-dir; else the cluster, as the gauntlet-janitor CronWorkflow does)")
@@ -158,7 +173,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gauntlet.workflows.render import render_profile
         profile = load_profile(args.profile)
         with _naming_the_file(args.profile):
-            paths = render_profile(profile, Path(args.out))
+            paths = render_profile(profile, Path(args.out), allow_unverified=args.allow_unverified_images)
         for p in paths:
             print(p)
         if args.no_lint:
@@ -170,9 +185,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "plan":
         import json
 
-        from gauntlet.workflows.plan import format_table, plan_profile
-        plan = plan_profile(load_profile(args.profile))
-        print(json.dumps(plan.to_dict(), indent=2) if args.json else format_table(plan))
+        from gauntlet.workflows.graph import RUNS
+        from gauntlet.workflows.plan import format_plans, plan_profile
+        profile = load_profile(args.profile)
+        plans = [plan_profile(profile, r) for r in RUNS if args.run in ("both", r)]
+        if args.json:
+            print(json.dumps({p.run: p.to_dict() for p in plans}, indent=2) if args.run == "both"
+                  else json.dumps(plans[0].to_dict(), indent=2))
+        else:
+            print(format_plans(plans))
         return 0
     if args.command == "lint":
         from gauntlet.workflows.lint import lint_paths, lint_profile, print_findings
@@ -182,7 +203,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.profile:
             profile = load_profile(args.profile)
             with _naming_the_file(args.profile):
-                findings += lint_profile(profile)
+                findings += lint_profile(profile, allow_unverified=args.allow_unverified_images)
         if args.dir:
             d = Path(args.dir)
             if not d.exists():
@@ -192,12 +213,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "submit":
         from gauntlet.workflows.submit import submit
         return submit(load_profile(args.profile), out=Path(args.out), namespace=args.namespace, host=args.host,
-                      token=args.token, dry_run=args.dry_run, verify_ssl=args.verify_ssl)
+                      token=args.token, dry_run=args.dry_run, verify_ssl=args.verify_ssl,
+                      allow_unverified=args.allow_unverified_images)
     if args.command == "run":
         from gauntlet.workflows.local import run_local
         return run_local(load_profile(args.profile), profile_path(args.profile), runs_dir=Path(args.runs_dir),
                          run_id=args.run_id, engines=args.engines,
-                         gates=set(args.gates.split(",")) if args.gates else None)
+                         gates=set(args.gates.split(",")) if args.gates else None, run=args.run)
     if args.command == "janitor":
         from datetime import datetime, UTC
 

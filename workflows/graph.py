@@ -37,17 +37,20 @@ from typing import Any, Literal
 from gauntlet.contract import UsageError, param_name
 from gauntlet.contract.layout import CLEANUP_TASK, RunLayout, preflight_task
 from gauntlet.params.models import Profile
-from gauntlet.params.models import Variant
+from gauntlet.params.models import EngineName, Variant
 from gauntlet.steps import Needs, load_step, needs_of
 from gauntlet.steps.gates.experiment import BASELINE_TASK
 from gauntlet.steps.gates.experiment_baseline import needs_baseline
+from gauntlet.steps.gates.pull import DEADLINE_S as PULL_DEADLINE_S
 from gauntlet.steps.gates.regress import DEFAULT_RULE
 from gauntlet.steps.options import to_argv
 from gauntlet.workflows import refs
 from gauntlet.workflows.refs import Ref
 
 __all__ = ["Task", "Dag", "Graph", "Need", "When", "ConditionError", "build_graph", "ORCHESTRATORS", "Orchestrator", "PHASES",
-           "SUCCEEDED", "SUCCEEDED_OR_SKIPPED", "SUCCEEDED_OR_FAILED", "RUN_DIR", "ENGINE_SEQUENCE",
+           "Run", "RUNS",
+           "SUCCEEDED", "SUCCEEDED_OR_SKIPPED", "SUCCEEDED_OR_FAILED", "REACHED", "ANY_OUTCOME", "RUN_DIR",
+           "ENGINE_SEQUENCE",
            "RETRY_LIMIT", "DEFAULT_TIMEOUT_S", "RetryPolicy", "retry_policy", "gate_args", "image_key",
            "STEP_IMAGE", "BENCH_IMAGE", "output_default",
            "dag_engine"]
@@ -55,6 +58,10 @@ __all__ = ["Task", "Dag", "Graph", "Need", "When", "ConditionError", "build_grap
 # which back end runs the graph (not where the engine runs: that is gauntlet.steps.backends)
 Orchestrator = Literal["argo", "local"]
 ORCHESTRATORS: tuple[Orchestrator, ...] = ("argo", "local")
+# which run of the one graph: the qualification (every gate, submitted by hand) or the nightly (the scheduled
+# regression run: Gate 0, Gate 1, deploy, smoke, the profile's nightly.cases, regress, report; params NightlySpec)
+Run = Literal["qualification", "nightly"]
+RUNS: tuple[Run, ...] = ("qualification", "nightly")
 RUN_DIR = str(refs.parameter("run-dir"))
 ENGINE_SEQUENCE = "engine-sequence"
 # The image keys (params/images.yaml) of a gate's NEEDS.image (image_key): the project's step image, and the step
@@ -98,7 +105,17 @@ def retry_policy(task: Task, needs: Needs | None = None) -> RetryPolicy | None:
 PHASES = ("Succeeded", "Failed", "Errored", "Skipped", "Omitted", "Daemoned")
 SUCCEEDED = ("Succeeded",)
 SUCCEEDED_OR_SKIPPED = ("Succeeded", "Skipped")      # an optional predecessor: its when may be false
-SUCCEEDED_OR_FAILED = ("Succeeded", "Failed")        # runs on either verdict (report after regress)
+SUCCEEDED_OR_FAILED = ("Succeeded", "Failed")        # runs on either verdict
+# Reached: it ran (whatever its verdict) or its when was false; not Omitted (something before it did not pass).
+# Gate 1 after Gate 0's engine checks, a Gate 6 variant after the one before it (each judged on its own).
+REACHED = ("Succeeded", "Failed", "Errored", "Skipped")
+# Whatever happened: the task after it runs once it is decided. What must run after a failure: the sequence's
+# teardown (the engine's GPUs back before the next engine deploys), the next engine's sequence, regress, report.
+# Such a task fails itself when a task before it did not pass (its --upstream, shared_options.upstream_check):
+# Argo judges a DAG by its leaf tasks only (workflow/controller/dag.go assessDAGPhase: a leaf that completed sets
+# its branch's phase), and its RETRY resets a failed node only when none of its descendants Succeeded
+# (workflow/util/util.go FormulateRetryWorkflow, isDescendantNodeSucceeded).
+ANY_OUTCOME = ("Succeeded", "Failed", "Errored", "Skipped", "Omitted")
 
 
 class ConditionError(ValueError):
@@ -271,6 +288,10 @@ class Dag:
             later = [n.task for n in t.depends if n.task not in seen]
             if t.when is not None and t.when.subject.kind == "output" and t.when.subject.task not in seen:
                 later.append(t.when.subject.task)
+            # an output or a status read in its flags or DAG arguments is an earlier task's (Argo resolves only an
+            # ancestor's: lint checks that, workflows/lint.py)
+            later += [r.task for text in (*t.args, *t.inputs.values()) for p in refs.find(text)
+                      if (r := refs.parse(p)) is not None and r.kind in ("output", "status") and r.task not in seen]
             if later:
                 raise ValueError(f"dag {self.name}: task {t.name} names {later}, not earlier tasks of the dag")
             if t.name in seen:
@@ -288,6 +309,7 @@ class Graph:
     sequences: tuple[Dag, ...]
     exit_handler: Task
     parameters: dict[str, tuple[str, tuple[str, ...] | None, str]]  # name -> (default, enum, description)
+    run: Run = "qualification"
 
     @property
     def dags(self) -> tuple[Dag, ...]:
@@ -299,6 +321,12 @@ class Graph:
 
 def _ok(*tasks: str, skipped: bool = False) -> tuple[Need, ...]:
     return tuple(Need(t, SUCCEEDED_OR_SKIPPED if skipped else SUCCEEDED) for t in tasks)
+
+
+def _statuses(tasks: list[Task]) -> tuple[str, ...]:
+    """``--upstream``: ``name={{tasks.<name>.status}}`` for each of ``tasks`` (every one an ancestor of the
+    reader: the tasks before it in a DAG it depends on the last of, or on all of)."""
+    return tuple(f"{t.name}={refs.status(t.name)}" for t in tasks)
 
 
 RELEASE_TASK = "release-baseline"
@@ -321,8 +349,11 @@ def _on_engines(variants: list[Variant]) -> When | None:
 NCCL_ENV_INPUT = "nccl-env"      # the engine sequence's input on the cluster: Gate 1's per-node NCCL/GLOO env
 
 
-def _engine_sequence(profile: Profile, cluster: bool = False) -> Dag:
+def _engine_sequence(profile: Profile, cluster: bool = False, run: Run = "qualification") -> Dag:
     """Gates 2-6 for one engine, then teardown. The engine is the DAG's input.
+
+    The nightly's sequence is deploy, smoke, one perf task over ``nightly.cases`` (ungated: no unlock), the
+    confirm-before-alarm stage (suspect, confirm) and teardown: no long context, no Gate 6.
 
     Gate 6 never holds two engines' GPUs: the baseline runs the phases its variants need of it
     (``baseline-phases``) while still up, before Gate 5; then it is released (``release-baseline``: the
@@ -342,8 +373,9 @@ def _engine_sequence(profile: Profile, cluster: bool = False) -> Dag:
              outputs=("endpoint",), timeout_s=max(e.startup_timeout_s for e in profile.engines.values()) + 600),
         Task("smoke", step="smoke", gate="gate3", args=gate_args("smoke", **common), depends=_ok("deploy")),
     ]
-    base_cases = [c for c in profile.bench.cases if c.requires_stable is None]
-    gated_cases = [c for c in profile.bench.cases if c.requires_stable is not None]
+    nightly = run == "nightly"
+    base_cases = profile.nightly_cases() if nightly else [c for c in profile.bench.cases if c.requires_stable is None]
+    gated_cases = [] if nightly else [c for c in profile.bench.cases if c.requires_stable is not None]
     tasks.append(Task("perf", step="perf", gate="gate4", depends=_ok("smoke"), **bench,
                       args=gate_args("perf", **common, cases=tuple(c.name for c in base_cases)),
                       outputs=tuple(f"unlock_{param_name(c.name)}" for c in gated_cases)))
@@ -363,6 +395,10 @@ def _engine_sequence(profile: Profile, cluster: bool = False) -> Dag:
                       args=gate_args("perf", **common, cases=refs.output("suspect", "suspect_cases"),
                                      phase="confirm", rounds=DEFAULT_RULE.confirm_rounds)))
     after_perf = _ok("confirm", skipped=True)      # Skipped: nothing suspected
+    if nightly:
+        tasks.append(Task("teardown", step="teardown", gate="gate2", depends=(Need(tasks[-1].name, ANY_OUTCOME),),
+                          args=gate_args("teardown", engine=eng, upstream=_statuses(tasks))))
+        return Dag(ENGINE_SEQUENCE, tuple(tasks), inputs=("engine", NCCL_ENV_INPUT) if cluster else ("engine",))
     needing = [v for v in profile.experiments if needs_baseline(v, profile)]
     if needing:
         tasks.append(Task(BASELINE_TASK, step="experiment-baseline", gate="gate6", depends=after_perf,
@@ -386,20 +422,27 @@ def _engine_sequence(profile: Profile, cluster: bool = False) -> Dag:
         tasks.append(Task(RELEASE_TASK, step="teardown", gate="gate6", depends=prev_ok,
                           when=_on_engines(profile.experiments), args=gate_args("teardown", engine=eng)))
         prev_ok = _ok(RELEASE_TASK, skipped=True)
-    # one variant at a time: the experiment step deploys it, measures it and tears it down itself
+    # one variant at a time: the experiment step deploys it, measures it and tears it down itself (steps/gates/
+    # experiment.py, in a finally), so the next variant runs after a failed one: each is judged on its own
     for v in profile.experiments:
         name = f"exp-{v.name}"
         when = When.equals(refs.input_param("engine"), v.engine) if v.engine is not None else None
         tasks.append(Task(name, step="experiment", gate="gate6", depends=prev_ok, when=when, **bench,
                           args=gate_args("experiment", engine=eng, variant=v.name, **fabric)))
-        prev_ok = _ok(name, skipped=True)
-    tasks.append(Task("teardown", step="teardown", gate="gate2", depends=prev_ok,
-                      args=gate_args("teardown", engine=eng)))
+        prev_ok = (Need(name, REACHED),)
+    # whatever happened before it: the engine's GPUs come back before the next engine's sequence deploys, and the
+    # teardown, the sequence's leaf, fails when a task before it did not pass, so the sequence does (ANY_OUTCOME)
+    tasks.append(Task("teardown", step="teardown", gate="gate2", depends=(Need(tasks[-1].name, ANY_OUTCOME),),
+                      args=gate_args("teardown", engine=eng, upstream=_statuses(tasks))))
     return Dag(ENGINE_SEQUENCE, tuple(tasks), inputs=("engine", NCCL_ENV_INPUT) if cluster else ("engine",))
 
 
-def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
+def build_graph(profile: Profile, backend: Orchestrator, run: Run = "qualification") -> Graph:
     """The whole plan for one profile, as data, for the back end that runs it.
+
+    ``run``: the qualification (every gate) or the nightly (:class:`gauntlet.params.models.NightlySpec`): the
+    same tasks cut to Gate 0 and Gate 1 for the nightly's engines, their sequences (_engine_sequence), regress
+    and report; no prewarm on the cluster (the nightly reads the cache Gate 0 checks).
 
     ``"argo"`` (a ``kubernetes`` profile): per node an optional prewarm (the ``prewarm`` parameter) and a
     preflight, their comparison, then Gate 1's node and network checks before any engine starts.
@@ -408,6 +451,8 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
     """
     if backend not in ORCHESTRATORS:
         raise ValueError(f"backend {backend!r}: one of {', '.join(ORCHESTRATORS)}")
+    if run not in RUNS:
+        raise UsageError(f"run {run!r}: one of {', '.join(RUNS)}")
     cluster = backend == "argo"
     if profile.hardware.kind != ("kubernetes" if cluster else "local"):
         raise UsageError(f"profile {profile.name} has hardware.kind {profile.hardware.kind!r}: "
@@ -415,11 +460,13 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
                             f"it runs on the cluster (`gauntlet render`/`submit --profile {profile.name}`), "
                             "not with the local back end"))
     nodes = [n.name for n in profile.hardware.nodes] if cluster else []
-    engines_is = {e: When.one_of(refs.parameter("engines"), e, "both") for e in profile.engine_order()}
+    nightly = run == "nightly"
+    order = profile.nightly_engines() if nightly else profile.engine_order()
+    engines_is = {e: When.one_of(refs.parameter("engines"), e, "both") for e in order}
     tasks: list[Task] = []
     pre_names: list[str] = []
 
-    params = _parameters(profile)
+    params = _parameters(profile, order, prewarm=not (cluster and nightly))
     # first of all, no GPU, no model cache: every parameter given is declared and allowed (steps/gates/params.py);
     # every other task depends on it, so a bad value fails the workflow before anything is requested
     # on Argo run-dir is no template parameter (render: /runs/{{workflow.uid}}), so giving it is refused
@@ -432,10 +479,12 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
     if cluster:
         for i, node in enumerate(nodes):
             pw = f"prewarm-{i}"
-            tasks.append(Task(pw, step="prewarm", gate="gate0", node=node, depends=first,
-                              when=When.equals(refs.parameter("prewarm"), True)))
+            if not nightly:
+                tasks.append(Task(pw, step="prewarm", gate="gate0", node=node, depends=first,
+                                  when=When.equals(refs.parameter("prewarm"), True)))
             pf = preflight_task(i)
-            tasks.append(Task(pf, step="preflight", gate="gate0", node=node, depends=_ok(pw, skipped=True)))
+            tasks.append(Task(pf, step="preflight", gate="gate0", node=node,
+                              depends=first if nightly else _ok(pw, skipped=True)))
             pre_names.append(pf)
     else:
         tasks.append(Task("prewarm", step="prewarm", gate="gate0", depends=first))
@@ -447,15 +496,17 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
                           depends=_ok(*pre_names), args=gate_args("preflight-compare", inputs=tuple(
                               str(RunLayout(PurePosixPath(RUN_DIR)).task_dir(p)) for p in pre_names))))
         join = ["preflight-compare"]
-    for engine in profile.engine_order():
+    for engine in order:
         tasks.append(Task(f"engine-check-{engine}", step="engine-check", gate="gate0",
                           args=gate_args("engine-check", engine=engine), depends=_ok(*join), when=engines_is[engine]))
-    checks = [f"engine-check-{e}" for e in profile.engine_order()]
+    checks = [f"engine-check-{e}" for e in order]
     gate1: list[str] = []
     if cluster:
+        # once, after every engine check was decided, whatever its verdict: an engine whose check failed stops
+        # its own sequence only (each sequence needs its own check below), not the other engine's
         for i, node in enumerate(nodes):
             t = f"nodes-{i}"
-            tasks.append(Task(t, step="nodes", gate="gate1", node=node, depends=_ok(*checks, skipped=True),
+            tasks.append(Task(t, step="nodes", gate="gate1", node=node, depends=tuple(Need(c, REACHED) for c in checks),
                               args=gate_args("nodes", node=node), outputs=("socket_ifname", "nccl_env")))
             gate1.append(t)
         # each node's resolved NCCL/GLOO env (steps/cluster/fabric.py) in, the set of them out to every deploy
@@ -463,32 +514,60 @@ def build_graph(profile: Profile, backend: Orchestrator) -> Graph:
                           args=gate_args("network", nccl_env=tuple(f"{node}={refs.output(f'nodes-{i}', 'nccl_env')}"
                                                                    for i, node in enumerate(nodes)))))
         gate1 = ["network"]
-    prev = gate1 or checks
-    prev_skippable = not gate1
-    for engine in profile.engine_order():
+    pulls = _pulls(profile, nodes, engines_is, order) if cluster else {}
+    tasks += [t for e in order for t in pulls.get(e, ())]
+    # each engine's sequence after Gate 1 and its own engine check, and after the sequence before it whatever
+    # happened there (its teardown ran: the GPUs are free; one engine's failure does not stop the other's)
+    sequences: list[str] = []
+    for engine in order:
+        # its image pulled on every pool node first (a skipped pull: the engine does not run)
+        pulled = _ok(*(t.name for t in pulls.get(engine, ())), skipped=True)
         tasks.append(Task(engine, dag=ENGINE_SEQUENCE, gate="gate7" if profile.engine(engine).role != "baseline"
-                          else "gate2-6", depends=_ok(*prev, skipped=prev_skippable),
+                          else "gate2-6", depends=(*_ok(*gate1), Need(f"engine-check-{engine}", SUCCEEDED_OR_SKIPPED),
+                                                   *pulled, *(Need(s, ANY_OUTCOME) for s in sequences[-1:])),
                           inputs={"engine": engine, **({NCCL_ENV_INPUT: str(refs.output("network", "nccl_env"))}
                                                        if cluster else {})},
                           when=engines_is[engine]))
-        prev, prev_skippable = [engine], True
-    tasks.append(Task("regress", step="regress", gate="report", depends=_ok(*prev, skipped=True)))
-    # the leaf Argo judges the workflow by: it fails (after writing the report) when regress did not pass
-    tasks.append(Task("report", step="report", gate="report", depends=(Need("regress", SUCCEEDED_OR_FAILED),),
-                      args=gate_args("report", regress_verdict=refs.output("regress", "verdict"))))
+        sequences.append(engine)
+    # regress and report run whatever happened in Gate 0, Gate 1 and the sequences, once the parameters are valid
+    # (they read the results store): regress judges what was measured; each fails when a task before it did not
+    # pass. The report is the leaf Argo judges the workflow by: it writes the report, then fails when regress
+    # found a regression or a task before it did not pass (naming each).
+    tasks.append(Task("regress", step="regress", gate="report",
+                      depends=(*_ok(PARAMS_TASK), *(Need(s, ANY_OUTCOME) for s in sequences)),
+                      args=gate_args("regress", upstream=_statuses(tasks))))
+    tasks.append(Task("report", step="report", gate="report", depends=(*_ok(PARAMS_TASK), Need("regress", ANY_OUTCOME)),
+                      args=gate_args("report", regress_verdict=refs.output("regress", "verdict"), run=run,
+                                     upstream=_statuses(tasks))))
     exit_handler = Task(CLEANUP_TASK, step="cleanup", gate="exit",
                         args=gate_args("cleanup", workflow_status=refs.workflow("status"),
                                        failures=refs.workflow("failures")))
-    return _with_timeouts(profile, Graph(profile.name, Dag("main", tuple(tasks)), (_engine_sequence(profile, cluster),),
-                                         exit_handler, params))
+    return _with_timeouts(profile, Graph(profile.name, Dag("main", tuple(tasks)),
+                                         (_engine_sequence(profile, cluster, run),), exit_handler, params, run))
 
 
-def _parameters(profile: Profile) -> dict[str, tuple[str, tuple[str, ...] | None, str]]:
+def _pulls(profile: Profile, nodes: list[str], engines_is: Mapping[EngineName, When],
+           order: list[EngineName]) -> dict[str, list[Task]]:
+    """Gate 1's pulls: per engine, one ``pull-<engine>-<i>`` per pool node, run in that engine's image pinned to
+    that node (steps/gates/pull.py), so every rank of it starts from an image its node holds: the engine's
+    ranks then start within one weight load of each other, not one image pull apart. After the engine's own
+    check (its image knows the plan), skipped where the ``engines`` parameter does not run the engine; beside
+    the node and network probes (they hold no GPU). The bench image needs none: ``nodes-<i>`` runs in it on every
+    pool node (its NEEDS.image)."""
+    return {e: [Task(f"pull-{e}-{i}", step="pull", gate="gate1", node=node,
+                     depends=(Need(f"engine-check-{e}", SUCCEEDED_OR_SKIPPED),),
+                     when=engines_is[e], args=gate_args("pull", engine=e, node=node), timeout_s=PULL_DEADLINE_S)
+                for i, node in enumerate(nodes)] for e in order}
+
+
+def _parameters(profile: Profile, order: list[EngineName], prewarm: bool = True
+                ) -> dict[str, tuple[str, tuple[str, ...] | None, str]]:
     """The workflow's parameters: name -> (default, enum, description); one without an enum has a
-    PARAMETER_RULES entry (the params step checks every value given against one or the other)."""
+    PARAMETER_RULES entry (the params step checks every value given against one or the other). ``order``: the
+    engines the run may start; ``prewarm`` False: no prewarm parameter (the cluster's nightly has no prewarm)."""
     params: dict[str, tuple[str, tuple[str, ...] | None, str]] = {
-        "engines": ("both" if len(profile.engines) > 1 else profile.baseline_engine,
-                    ("both", *profile.engine_order()) if len(profile.engines) > 1 else (profile.baseline_engine,),
+        "engines": ("both" if len(order) > 1 else order[0],
+                    ("both", *order) if len(order) > 1 else (order[0],),
                     "which engine sequences run: the baseline, the experimental engine, or both"),
         # a profile that names no model.source_path has nothing to copy: prewarm=true is refused at submit's
         # first step (params) and offered nowhere in the UI, instead of failing at prewarm after Gate 0 began
@@ -500,6 +579,8 @@ def _parameters(profile: Profile) -> dict[str, tuple[str, tuple[str, ...] | None
         "results-uri": (profile.results_uri, None, "results store (pyarrow filesystem URI)"),
         "retry-backoff": ("30s", None, "first wait before Argo retries a step that exited 75 (then x2 per retry)"),
     }
+    if not prewarm:
+        del params["prewarm"]
     missing = sorted(k for k, v in params.items() if not v[1] and k not in PARAMETER_RULES)
     if missing:
         raise ValueError(f"parameters {missing}: neither an enum nor a PARAMETER_RULES entry")
@@ -508,10 +589,11 @@ def _parameters(profile: Profile) -> dict[str, tuple[str, tuple[str, ...] | None
 
 def _with_timeouts(profile: Profile, graph: Graph) -> Graph:
     """The profile's ``timeouts_s`` (task name -> seconds) set on every task of that name; UsageError for a
-    name no task has."""
+    name no task of the qualification has."""
     names = {t.name for d in graph.dags for t in d.tasks if t.step} | {graph.exit_handler.name}
     unknown = sorted(set(profile.timeouts_s) - names)
-    if unknown:
+    # the qualification holds every task: a name only it has is no error in the nightly
+    if unknown and graph.run == "qualification":
         raise UsageError(f"profile {profile.name}: timeouts_s names {', '.join(unknown)}, no task of its graph "
                          f"(tasks: {', '.join(sorted(names))})")
     if not profile.timeouts_s:

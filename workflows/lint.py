@@ -328,6 +328,11 @@ def _ref_findings(name: str, base: str, node: dict[str, Any], inputs: set[str], 
                     if tn not in ancestors:
                         f.append(Finding(name, path, "output-ref",
                                          f"{braced}: task {tn!r} is not upstream of this task (add it to depends)"))
+                elif parts[2:] == ["status"] and tn not in ancestors:
+                    # Argo sets tasks.X.status for the task's ancestors only (dag.go buildLocalScopeFromTask) and
+                    # refuses any other (validate.go validateDAGTaskArgumentDependency: "missing dependency")
+                    f.append(Finding(name, path, "status-ref",
+                                     f"{braced}: task {tn!r} is not upstream of this task (add it to depends)"))
             else:
                 f.append(Finding(name, path, "param-ref", f"{braced}: unknown variable"))
     return f
@@ -390,13 +395,16 @@ def lint_paths(paths: Iterable[Path]) -> list[Finding]:
     return findings + lint_documents(named)
 
 
-def lint_profile(profile: Profile) -> list[Finding]:
-    """Render the profile in memory and lint what it renders."""
-    from gauntlet.workflows.render import render_documents
+def lint_profile(profile: Profile, *, allow_unverified: bool = False) -> list[Finding]:
+    """Render the profile in memory and lint what it renders; a cluster profile pulling an image by a stand-in
+    digest is refused first (render.refuse_unverified: RenderError, one line) unless ``allow_unverified``."""
+    from gauntlet.workflows.render import refuse_unverified, render_documents
     if profile.hardware.kind != "kubernetes":
         return []           # validated on load; a local profile renders no Argo documents
     named: list[tuple[str, Any]] = []
-    for fname, doc in render_documents(profile).items():
+    docs = render_documents(profile)
+    refuse_unverified(profile, docs, allow=allow_unverified)
+    for fname, doc in docs.items():
         for d in doc if isinstance(doc, list) else [doc]:
             named.append((fname, d))
     return lint_documents(named) + profile_rules(profile, named)

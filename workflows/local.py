@@ -32,7 +32,7 @@ from gauntlet.contract import EXIT_TRANSIENT, CorruptVerdict, Verdict, now_iso, 
 from gauntlet.contract.layout import RunLayout, output_path, verdict_path
 from gauntlet.workflows import refs
 from gauntlet.workflows.graph import (ALL_PARAMETERS, DEFAULT_TIMEOUT_S, ENGINE_SEQUENCE, ConditionError, Dag, Graph,
-                                      RetryPolicy, Task, build_graph, dag_engine, output_default, retry_policy)
+                                      RetryPolicy, Run, Task, build_graph, dag_engine, output_default, retry_policy)
 from gauntlet.workflows.phase import dag_phase
 
 __all__ = ["run_local", "Runner", "TaskResult", "write_summary"]
@@ -99,6 +99,9 @@ class Runner:
             if ref.kind in ("workflow", "input"):
                 values: dict[str, str] = scope["workflow" if ref.kind == "workflow" else "inputs"]
                 return values.get(ref.name)
+            if ref.kind == "status":        # as Argo's {{tasks.X.status}}: the phase an earlier task ended in
+                phases: dict[str, str] = scope.get("phases", {})
+                return phases.get(ref.task)
             out = scope["outs"].get(ref.task)
             if out is None:
                 return None
@@ -127,7 +130,7 @@ class Runner:
         phases: dict[str, str] = {}
         outs: dict[str, str] = {}
         for task in dag.tasks:
-            scope = {"inputs": inputs, "outs": outs, "workflow": self._workflow_vars()}
+            scope = {"inputs": inputs, "outs": outs, "phases": phases, "workflow": self._workflow_vars()}
             res = self._decide(task, engine, phases, scope)
             if res is None:                              # it runs
                 if task.dag:
@@ -461,15 +464,17 @@ def _run_id() -> str:
 
 
 def run_local(profile: Profile, profile_file: Path, *, runs_dir: Path = Path("runs"), run_id: str | None = None,
-              engines: str | None = None, gates: set[str] | None = None, **runner_overrides: Any) -> int:
+              engines: str | None = None, gates: set[str] | None = None, run: Run = "qualification",
+              **runner_overrides: Any) -> int:
     """`gauntlet run`: the whole graph for ``profile`` (read from ``profile_file``, which every step is
-    given) on this machine; 0 when no gate failed. ``runner_overrides`` go to :class:`Runner`."""
+    given) on this machine, of one ``run`` (the qualification or the nightly); 0 when no gate failed.
+    ``runner_overrides`` go to :class:`Runner`."""
     from gauntlet.steps.backends import BACKENDS, require
     from gauntlet.steps.backends.protocol import RunnerGuard
     local = BACKENDS["local"]
     guard = require(local, RunnerGuard, "gauntlet run")
 
-    graph = build_graph(profile, "local")
+    graph = build_graph(profile, "local", run)
     run_id = run_id or _run_id()
     run_dir = (Path(runs_dir) / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -480,7 +485,7 @@ def run_local(profile: Profile, profile_file: Path, *, runs_dir: Path = Path("ru
     profile_file = Path(profile_file).resolve()
     started = now_iso()
     runner = Runner(graph, profile_file, run_dir, params, gates=gates, **runner_overrides)
-    runner.say(f"run {run_id}: profile {profile.name}, evidence in {run_dir}")
+    runner.say(f"run {run_id}: profile {profile.name}, the {run} run, evidence in {run_dir}")
     # the local janitor: engines of earlier runs whose runner was killed (kill -9) are stopped first
     _, swept = local.janitor(run_dir / ".janitor", runs_dir=run_dir.parent, exclude=run_dir)
     for name, what in swept["released"].items():

@@ -17,11 +17,14 @@ The model (docs/plan.md):
   ``engines.E.plan.case_tps`` takes ``prompts x (input + output) / case_tps`` instead. Per case: the
   client's ceiling run, the warmup, ``rounds`` rounds; a cold first round (which measures again) is not
   counted;
-- a long-context rung: one load when it is above the deployed ``context_length`` (up to
-  ``max_position_embeddings``; a rung above that is refused at once), then per needle depth its prefill and
-  the answer; a vLLM rung at or above ``longctx_blocked_from_tokens`` is skipped;
-- a Gate 6 variant: one load, then each of its phases re-runs the Gate 4 base cases, plus the baseline's
-  extra phases for a prefix-cache variant; the variant uses its engine's rates.
+- a long-context rung: one restart when it is above the deployed ``context_length`` (up to
+  ``max_position_embeddings``; a rung above that is refused at once): the engine stopped (the teardown
+  figure) and loaded again, then per needle depth its prefill and the whole reply budget (the answer and a
+  reasoning model's thinking, steps/gates/longctx.py ``reply_budget``); a vLLM rung at or above
+  ``longctx_blocked_from_tokens`` is skipped;
+- a Gate 6 variant: one load, Gate 3's requests (its content checks), then each of its phases re-runs the
+  Gate 4 base cases, plus the baseline's extra phases for a prefix-cache variant; the variant uses its
+  engine's rates.
 
 GPUs held: the engine's (``gpus_per_node x nodes``) from deploy to teardown, every GPU of its node for a
 ``nodes-*`` probe and of the pool for ``network``; none in Gate 0 or the report. ``gpu_h_spent`` at a task
@@ -39,11 +42,11 @@ from gauntlet.contract import UsageError
 from gauntlet.params.models import BenchCase, Profile
 from gauntlet.steps.gates.experiment import phase_plan
 from gauntlet.steps.gates.experiment_baseline import variants_for
-from gauntlet.steps.gates.longctx import blocked_reason, plan_context
-from gauntlet.workflows.graph import DEFAULT_TIMEOUT_S, Graph, Orchestrator, Task, build_graph
+from gauntlet.steps.gates.longctx import blocked_reason, plan_context, reply_budget
+from gauntlet.workflows.graph import DEFAULT_TIMEOUT_S, Graph, Orchestrator, Run, Task, build_graph
 
 __all__ = ["Assumption", "Row", "Plan", "PlanError", "ESTIMATES", "plan_profile", "plan_graph", "too_short",
-           "format_table", "suggested_timeout", "image_fixes"]
+           "format_table", "format_plans", "suggested_timeout", "image_fixes"]
 
 
 class PlanError(UsageError):
@@ -85,6 +88,8 @@ class Plan:
     gpu_h_total: float
     assumptions: tuple[Assumption, ...]
     notes: tuple[str, ...] = ()
+    run: str = "qualification"
+    gpu_h_budget: float | None = None    # the nightly's nightly.gpu_hours (None: no budget but the window)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -116,6 +121,7 @@ _FIXED: dict[str, dict[str, tuple[float, str]]] = {
         "engine-check": (600, "engine image pull on a cold node + importing the engine"),
         "nodes": (600, "GPU probe: HBM copy, BF16 matmul, 1-rank NCCL on every GPU"),
         "network": (900, "NCCL probe Jobs: every node alone, then across nodes"),
+        "pull": (600, "engine image pull on a cold node (steps/gates/pull.py), beside the probes"),
         "regress": (120, "pod start + the results store (2.1 s for 1,000 rounds locally)"),
         "report": (120, "pod start + report.md and plots"),
         "teardown": (300, "logs saved, StatefulSet scaled to 0, pods gone"),
@@ -209,6 +215,7 @@ class _Ctx:
     rates: _Rates
     fixes: dict[str, list[str]]                              # engine -> fixes its image lists
     served: dict[str, int] = field(default_factory=dict)     # engine -> the context it serves now
+    run: str = "qualification"
 
     @property
     def nodes(self) -> int:
@@ -266,7 +273,7 @@ def _smoke(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
 def _cases(ctx: _Ctx, task: Task) -> list[BenchCase]:
     names = task.flag("--cases")
     if names is None or "{{" in names:           # the confirm stage: whatever was suspected, at most every case
-        return list(ctx.profile.bench.cases)
+        return ctx.profile.nightly_cases() if ctx.run == "nightly" else list(ctx.profile.bench.cases)
     by = {c.name: c for c in ctx.profile.bench.cases}
     return [by[n] for n in names.split(",") if n in by]
 
@@ -281,12 +288,14 @@ def _perf(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
 
 def _longctx(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
     """The gate's own rules (steps/gates/longctx.py): a blocked rung is skipped, a rung over the served context
-    restarts the engine at its length (a load), a rung over max_position_embeddings is refused at once."""
+    restarts the engine at its length (a stop, then a load), a rung over max_position_embeddings is refused at
+    once; each needle request may spend the whole reply budget (the answer and the thinking before it)."""
     assert engine is not None
     p, spec = ctx.profile, ctx.profile.engines[engine]  # type: ignore[index]
     rungs = [int(r) for r in (task.flag("--rungs") or "").split(",") if r]
     max_pos = p.model.architecture.max_position_embeddings
     depths = len(p.longctx.needle_depths)
+    reply = reply_budget(p)
     s, loads, parts = 0.0, 0, []
     for r in rungs:
         if blocked_reason(engine, spec, r, ctx.fixes.get(engine, [])):
@@ -298,14 +307,14 @@ def _longctx(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
             s += ctx.rates.fixed("refused")
             parts.append(f"{r} refused")
             continue
-        if target is not None:
-            s += ctx.load(engine)
+        if target is not None:      # a restart: every rank stopped, then the engine loaded at the new context
+            s += ctx.rates.fixed("teardown") + ctx.load(engine)
             loads += 1
             ctx.served[engine] = target
-        s += depths * (r / ctx.rates.engine(engine, "prefill_tps")
-                       + p.longctx.max_tokens / ctx.rates.engine(engine, "decode_tps"))
+        s += depths * (r / ctx.rates.engine(engine, "prefill_tps") + reply / ctx.rates.engine(engine, "decode_tps"))
         parts.append(str(r))
-    return _Est(s, f"rungs {', '.join(parts) or 'none'}; {loads} restart(s)")
+    return _Est(s, f"rungs {', '.join(parts) or 'none'}; {loads} restart(s) x (stop + load); "
+                   f"{depths} x {reply}-token replies")
 
 
 def _phases_s(ctx: _Ctx, engine: str, phases: list[str], prefix_len: int) -> float:
@@ -332,7 +341,8 @@ def _experiment_baseline(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
 
 
 def _experiment(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
-    """One variant: one load, its phases (steps/gates/experiment.py phase_plan), its teardown."""
+    """One variant: one load, Gate 3's content checks on it, its phases (steps/gates/experiment.py phase_plan), its
+    teardown."""
     assert engine is not None
     name = task.flag("--variant")
     v = next((x for x in ctx.profile.experiments if x.name == name), None)
@@ -341,9 +351,10 @@ def _experiment(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
     if v.engine is not None and v.engine != engine:
         return _Est(0.0, f"skipped: for {v.engine} only")
     phases = list(phase_plan(v, ctx.profile))
-    s = ctx.load(engine) + _phases_s(ctx, engine, phases, v.prefix_len) + ctx.rates.fixed("teardown")
-    return _Est(s, f"one load + {', '.join(phases)} x {sum(c.requires_stable is None for c in ctx.profile.bench.cases)} "
-                   "case(s)")
+    content = _smoke(ctx, task, engine).seconds
+    s = ctx.load(engine) + content + _phases_s(ctx, engine, phases, v.prefix_len) + ctx.rates.fixed("teardown")
+    return _Est(s, f"one load + content checks + {', '.join(phases)} x "
+                   f"{sum(c.requires_stable is None for c in ctx.profile.bench.cases)} case(s)")
 
 
 # step name -> estimator: one line per gate; a step missing here fails plan_graph naming it
@@ -355,6 +366,7 @@ ESTIMATES: dict[str, Callable[[_Ctx, Task, str | None], _Est]] = {
     "engine-check": _fixed,
     "nodes": _fixed,
     "network": _fixed,
+    "pull": _fixed,
     "deploy": _deploy,
     "smoke": _smoke,
     "perf": _perf,
@@ -383,7 +395,7 @@ def plan_graph(graph: Graph, profile: Profile, orchestrator: Orchestrator,
                fixes: dict[str, list[str]] | None = None) -> Plan:
     """The schedule of ``graph`` (built for ``orchestrator`` from ``profile``); PlanError for a step with no
     estimate. ``fixes``: engine -> the fixes its pinned image lists (params/images.yaml)."""
-    ctx = _Ctx(profile, _Rates(profile, orchestrator), fixes or {})
+    ctx = _Ctx(profile, _Rates(profile, orchestrator), fixes or {}, run=graph.run)
     seq = {d.name: d for d in graph.sequences}
     placed: list[tuple[str, Task, float, float, int, str]] = []   # path, task, start, seconds, gpus, detail
 
@@ -418,22 +430,31 @@ def plan_graph(graph: Graph, profile: Profile, orchestrator: Orchestrator,
         rows.append(Row(path, t.step or "", t.gate, d, t.timeout_s or DEFAULT_TIMEOUT_S, s, g, gh, detail))
     order = {r.path: i for i, r in enumerate(rows)}
     rows.sort(key=lambda r: (r.start_s, order[r.path]))
-    notes = ["the longest run: prewarm=true, engines=both, gated cases and rungs unlocked, the confirm stage "
-             "on every case, every variant; retries and a cold first round measured again are not counted"]
+    if graph.run == "nightly":
+        notes = [f"the longest night: engines {', '.join(profile.nightly_engines())}, the confirm stage on every "
+                 f"nightly case; its deadline is nightly.window_h ({profile.nightly.window_h:g} h); retries and a "
+                 "cold first round measured again are not counted",
+                 "left out of the nightly: " + "; ".join(what for what, _ in profile.nightly_left_out())]
+    else:
+        notes = ["the longest run: prewarm=true, engines=both, gated cases and rungs unlocked, the confirm stage "
+                 "on every case, every variant; retries and a cold first round measured again are not counted"]
     if profile.model.weight_bytes is None:
         notes.append("model.weight_bytes is null: loads count the engine's init only")
-    if profile.experiments:
+    if profile.experiments and graph.run == "qualification":
         notes.append("Gate 6: the baseline runs the variants' extra phases first, is released before the variants "
                      "and not redeployed; each variant is one load")
-    return Plan(profile.name, orchestrator, tuple(rows), total, profile.active_deadline_s,
-                sum(h for _, h in spent), tuple(ctx.rates.used.values()), tuple(notes))
+    nightly = graph.run == "nightly"
+    deadline = int(round(profile.nightly.window_h * 3600)) if nightly else profile.active_deadline_s
+    return Plan(profile.name, orchestrator, tuple(rows), total, deadline, sum(h for _, h in spent),
+                tuple(ctx.rates.used.values()), tuple(notes), graph.run,
+                profile.nightly.gpu_hours if nightly else None)
 
 
-def plan_profile(profile: Profile) -> Plan:
-    """The plan of ``profile`` on the orchestrator its ``hardware.kind`` runs on."""
+def plan_profile(profile: Profile, run: Run = "qualification") -> Plan:
+    """The plan of one run of ``profile`` on the orchestrator its ``hardware.kind`` runs on."""
     from gauntlet.params import load_images
     orch: Orchestrator = "argo" if profile.hardware.kind == "kubernetes" else "local"
-    return plan_graph(build_graph(profile, orch), profile, orch, image_fixes(profile, load_images()))
+    return plan_graph(build_graph(profile, orch, run), profile, orch, image_fixes(profile, load_images()))
 
 
 def image_fixes(profile: Profile, images: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -447,14 +468,21 @@ def _h(seconds: float) -> str:
 
 
 def too_short(plan: Plan) -> str | None:
-    """The first deadline the estimate does not fit in, as one line; None when every one holds."""
+    """The first deadline the estimate does not fit in (a nightly: also its GPU-hour budget), as one line; None
+    when every one holds."""
+    nightly = plan.run == "nightly"
+    who = f"{plan.profile} nightly" if nightly else plan.profile
+    see = f"(gauntlet plan --profile {plan.profile}{' --run nightly' if nightly else ''})"
     for r in plan.rows:
         if r.seconds > r.deadline_s:
-            return (f"{plan.profile}: {r.path} needs ~{_h(r.seconds)} by the plan, its deadline is "
-                    f"{_h(r.deadline_s)} (gauntlet plan --profile {plan.profile})")
+            return f"{who}: {r.path} needs ~{_h(r.seconds)} by the plan, its deadline is {_h(r.deadline_s)} {see}"
     if plan.total_s > plan.workflow_deadline_s:
-        return (f"{plan.profile}: the run needs ~{_h(plan.total_s)} by the plan, active_deadline_s is "
-                f"{_h(plan.workflow_deadline_s)} (gauntlet plan --profile {plan.profile})")
+        limit = (f"its window nightly.window_h is {_h(plan.workflow_deadline_s)}" if nightly else
+                 f"active_deadline_s is {_h(plan.workflow_deadline_s)}")
+        return f"{who}: the run needs ~{_h(plan.total_s)} by the plan, {limit} {see}"
+    if plan.gpu_h_budget is not None and plan.gpu_h_total > plan.gpu_h_budget:
+        return (f"{who}: the run spends ~{plan.gpu_h_total:.1f} GPU-h by the plan, its budget nightly.gpu_hours is "
+                f"{plan.gpu_h_budget:g} {see}")
     return None
 
 
@@ -467,13 +495,29 @@ def format_table(plan: Plan) -> str:
         lines.append((r.path, r.gate, _h(r.start_s), _h(r.seconds), _h(r.deadline_s), str(r.gpus),
                       f"{r.gpu_h_spent:.1f}", f"{flag} {r.detail}".strip()))
     widths = [max(len(x[i]) for x in lines) for i in range(len(head) - 1)]
-    out = [f"gauntlet plan: {plan.profile} ({plan.orchestrator})", ""]
+    out = [f"gauntlet plan: {plan.profile}, the {plan.run} run ({plan.orchestrator})", ""]
     out += ["  ".join(x[i].ljust(widths[i]) for i in range(len(widths))) + "  " + x[-1] for x in lines]
     flag = "  OVER" if plan.total_s > plan.workflow_deadline_s else ""
-    out += ["", f"whole run: ~{_h(plan.total_s)}, active_deadline_s {_h(plan.workflow_deadline_s)}{flag}; "
-            f"{plan.gpu_h_total:.1f} GPU-h; a deadline from the plan: {MARGIN}x, up to the next half hour "
-            f"({_h(suggested_timeout(plan.total_s))})", "", "assumptions:"]
+    if plan.run == "nightly":
+        over = "  OVER" if plan.gpu_h_budget is not None and plan.gpu_h_total > plan.gpu_h_budget else ""
+        budget = f" of nightly.gpu_hours {plan.gpu_h_budget:g}{over}" if plan.gpu_h_budget is not None else ""
+        out += ["", f"whole night: ~{_h(plan.total_s)}, window (nightly.window_h) {_h(plan.workflow_deadline_s)}"
+                f"{flag}; {plan.gpu_h_total:.1f} GPU-h{budget}", "", "assumptions:"]
+    else:
+        out += ["", f"whole run: ~{_h(plan.total_s)}, active_deadline_s {_h(plan.workflow_deadline_s)}{flag}; "
+                f"{plan.gpu_h_total:.1f} GPU-h; a deadline from the plan: {MARGIN}x, up to the next half hour "
+                f"({_h(suggested_timeout(plan.total_s))})", "", "assumptions:"]
     aw = max((len(a.name) for a in plan.assumptions), default=0)
     out += [f"  {a.name.ljust(aw)}  {a.value:g} {a.unit}  ({a.source or 'default'})" for a in plan.assumptions]
     out += ["", "notes:"] + [f"  {n}" for n in plan.notes]
     return "\n".join(out)
+
+
+def format_plans(plans: list[Plan]) -> str:
+    """Several runs' plans (the qualification, then the nightly), one after the other, then one line each."""
+    tables = [format_table(p) for p in plans]
+    summary = ["", "runs:"] + [
+        f"  {p.run:<13}  ~{_h(p.total_s)} of {_h(p.workflow_deadline_s)}, {p.gpu_h_total:.1f} GPU-h"
+        + (f" of {p.gpu_h_budget:g}" if p.gpu_h_budget is not None else "")
+        + (f"  OVER: {why}" if (why := too_short(p)) else "") for p in plans]
+    return ("\n\n" + "=" * 100 + "\n\n").join(tables) + "\n" + "\n".join(summary)

@@ -2,9 +2,11 @@
 
 A :class:`Ref` names what a step argument or a condition reads: a workflow parameter
 (``workflow.parameters.<name>``), a workflow variable (``workflow.<name>``: uid, status,
-failures ...), an input parameter of the enclosing template (``inputs.parameters.<name>``)
-or an output parameter of an earlier task of the same DAG
-(``tasks.<task>.outputs.parameters.<name>``). ``str(ref)`` is the braced text both back ends
+failures ...), an input parameter of the enclosing template (``inputs.parameters.<name>``),
+an output parameter of an earlier task of the same DAG
+(``tasks.<task>.outputs.parameters.<name>``) or the phase such a task ended in (``tasks.<task>.status``:
+Argo's node phase, Succeeded/Failed/Error/Skipped/Omitted, set for every ancestor of the task that reads it,
+workflow/controller/operator.go ``buildLocalScope``). ``str(ref)`` is the braced text both back ends
 put into arguments; :func:`find`, :func:`replace` and :func:`substitute` read it back out of text.
 """
 
@@ -15,10 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Ref", "RefError", "parameter", "workflow", "input_param", "output", "parse", "braced", "find",
+__all__ = ["Ref", "RefError", "parameter", "workflow", "input_param", "output", "status", "parse", "braced", "find",
            "replace", "substitute", "fill"]
 
-Kind = Literal["parameter", "workflow", "input", "output"]
+Kind = Literal["parameter", "workflow", "input", "output", "status"]
 
 _PATTERN = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 _NAME = r"[A-Za-z0-9_][-A-Za-z0-9_]*"
@@ -27,22 +29,23 @@ _PATHS: dict[Kind, re.Pattern[str]] = {
     "workflow": re.compile(rf"workflow\.(?P<name>{_NAME})"),
     "input": re.compile(rf"inputs\.parameters\.(?P<name>{_NAME})"),
     "output": re.compile(rf"tasks\.(?P<task>{_NAME})\.outputs\.parameters\.(?P<name>{_NAME})"),
+    "status": re.compile(rf"tasks\.(?P<task>{_NAME})\.(?P<name>status)"),
 }
 
 
 class RefError(ValueError):
-    """A reference that cannot be resolved (or is not one of the four kinds where one is required)."""
+    """A reference that cannot be resolved (or is not one of the five kinds where one is required)."""
 
 
 @dataclass(frozen=True)
 class Ref:
     kind: Kind
     name: str
-    task: str = ""                       # the producing task, for kind "output"
+    task: str = ""                       # the producing task, for kinds "output" and "status"
 
     def __post_init__(self) -> None:
-        if (self.kind == "output") != bool(self.task):
-            raise ValueError(f"a task name goes with an output reference only: {self!r}")
+        if (self.kind in ("output", "status")) != bool(self.task):
+            raise ValueError(f"a task name goes with an output or status reference only: {self!r}")
         if not _PATHS[self.kind].fullmatch(self.path):
             raise ValueError(f"not a valid reference: {self.path!r}")
 
@@ -55,6 +58,8 @@ class Ref:
             return f"workflow.{self.name}"
         if self.kind == "input":
             return f"inputs.parameters.{self.name}"
+        if self.kind == "status":
+            return f"tasks.{self.task}.{self.name}"
         return f"tasks.{self.task}.outputs.parameters.{self.name}"
 
     def __str__(self) -> str:
@@ -81,10 +86,16 @@ def output(task: str, name: str) -> Ref:
     return Ref("output", name, task)
 
 
+def status(task: str) -> Ref:
+    """The phase an earlier task of the same DAG ended in (an ancestor: it must be in the reader's depends,
+    directly or through other tasks). Argo's node phase names: ``Error``, where ``depends`` says ``Errored``."""
+    return Ref("status", "status", task)
+
+
 def parse(path: str) -> Ref | None:
     """The Ref a reference's inner text names, or None for any other Argo variable (``item``, ``pod.name`` ...)."""
     path = path.strip()
-    for kind in ("parameter", "input", "output", "workflow"):   # workflow.parameters.x before workflow.x
+    for kind in ("parameter", "input", "output", "status", "workflow"):   # workflow.parameters.x before workflow.x
         m = _PATHS[kind].fullmatch(path)
         if m:
             return Ref(kind, m.group("name"), m.groupdict().get("task") or "")

@@ -21,6 +21,8 @@ wait container fails to save it and the node ends in Error.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -37,14 +39,15 @@ from gauntlet.contract import EXIT_TRANSIENT, UsageError
 from gauntlet.contract.layout import RunLayout, output_path
 from gauntlet.steps.backends.kubernetes import RUN_LABEL
 from gauntlet.workflows import refs
-from gauntlet.workflows.graph import (DEFAULT_TIMEOUT_S, Dag, Graph, Need, RetryPolicy, When, build_graph, dag_engine,
-                                      output_default, retry_policy)
+from gauntlet.workflows.graph import (DEFAULT_TIMEOUT_S, Dag, Graph, Need, RetryPolicy, Run, When, build_graph,
+                                      dag_engine, output_default, retry_policy)
 from gauntlet.workflows.graph import Task as GTask
 from gauntlet.workflows.graph import image_key
 
 __all__ = ["render_documents", "render_profile", "template_name", "cron_name", "janitor_name", "RenderError",
+           "unverified_images", "refuse_unverified", "UNVERIFIED_ANNOTATION", "ALLOW_UNVERIFIED_ENV",
            "argo_depends", "argo_when",
-           "RUN_LABEL", "PROFILE_DIR", "JANITOR_SCHEDULE", "JANITOR_GRACE"]
+           "RUN_LABEL", "RUN_KIND_LABEL", "nightly_deadline_s", "PROFILE_DIR", "JANITOR_SCHEDULE", "JANITOR_GRACE"]
 
 ARGO_RUN_DIR = f"/runs/{refs.workflow('uid')}"
 ARGO_LAYOUT = RunLayout(PurePosixPath(ARGO_RUN_DIR))
@@ -56,14 +59,20 @@ JANITOR_GRACE = "10m"
 CONFIGMAP_MAX_BYTES = 1 << 20           # Kubernetes refuses a ConfigMap whose data is over 1 MiB
 NAME_MAX = {"CronWorkflow": 52, "WorkflowTemplate": 63, "ConfigMap": 253}   # Argo's and Kubernetes' limits
 HOSTNAME = "kubernetes.io/hostname"
+# which run of the graph a template (and each workflow made from it) is: qualification or nightly
+RUN_KIND_LABEL = "gauntlet.dev/run-kind"
+# the annotation naming the images a rendered document pulls by a stand-in digest; the override of the refusal
+UNVERIFIED_ANNOTATION = "gauntlet.dev/unverified-images"
+ALLOW_UNVERIFIED_ENV = "GAUNTLET_ALLOW_UNVERIFIED_IMAGES"
 
 
 class RenderError(UsageError):
     """The profile cannot become Argo documents that run; one line saying why and what to do."""
 
 
-def template_name(profile: Profile) -> str:
-    return f"gauntlet-{profile.name}"
+def template_name(profile: Profile, run: Run = "qualification") -> str:
+    """The WorkflowTemplate of one run: ``gauntlet-<profile>`` (the qualification), ``gauntlet-<profile>-nightly``."""
+    return f"gauntlet-{profile.name}" + ("-nightly" if run == "nightly" else "")
 
 
 def cron_name(profile: Profile) -> str:
@@ -353,22 +362,27 @@ def _template(profile: Profile, graph: Graph, images: dict[str, ImageRef]) -> Wo
     params = [Parameter(name=k, value=v[0], enum=list(v[1]) if v[1] else None, description=v[2])
               for k, v in graph.parameters.items() if k != "run-dir"]
     labels = {"app.kubernetes.io/part-of": "gauntlet", "gauntlet.dev/profile": profile.name}
+    nightly = graph.run == "nightly"
+    what = (f"the scheduled regression run of {profile.name} (Gate 0, Gate 1, smoke, Gate 4 on nightly.cases, "
+            f"regress; {profile.nightly.window_h:g} h window)" if nightly else "")
     return WorkflowTemplate(
-        name=template_name(profile),
+        name=template_name(profile, graph.run),
         namespace=profile.namespace,
-        labels=labels,
-        annotations={"workflows.argoproj.io/description": profile.description or profile.name},
+        labels={**labels, RUN_KIND_LABEL: graph.run},
+        annotations={"workflows.argoproj.io/description": what or profile.description or profile.name},
         entrypoint="main",
         on_exit="cleanup",
         arguments=params,
         templates=templates,
         service_account_name=profile.service_account,
-        active_deadline_seconds=profile.active_deadline_s,
+        # the nightly's window is its deadline: a night that outlives it fails and its exit handler releases the
+        # GPUs before the next night (the pool's mutex: a nightly and a qualification never hold it together)
+        active_deadline_seconds=nightly_deadline_s(profile) if nightly else profile.active_deadline_s,
         synchronization=m.Synchronization(mutexes=[m.Mutex(name=f"gauntlet-{profile.hardware.node_pool}")]),
         pod_gc=m.PodGC(strategy="OnWorkflowSuccess"),
         ttl_strategy=m.TTLStrategy(seconds_after_success=7 * 86400, seconds_after_failure=14 * 86400),
         pod_metadata=m.Metadata(labels={RUN_LABEL: str(refs.workflow("uid")), **labels}),
-        workflow_metadata=m.WorkflowMetadata(labels=labels),
+        workflow_metadata=m.WorkflowMetadata(labels={**labels, RUN_KIND_LABEL: graph.run}),
         volumes=_volumes(profile),
         artifact_repository_ref=(m.ArtifactRepositoryRef(config_map=profile.artifact_repository)
                                  if profile.artifact_repository not in (None, "default") else None),
@@ -381,15 +395,16 @@ def _cron(profile: Profile, graph: Graph) -> CronWorkflow:
         name=cron_name(profile),
         namespace=profile.namespace,
         labels=labels,
-        schedules=[profile.nightly_schedule],
+        schedules=[profile.nightly.schedule],
         timezone=profile.timezone,
         concurrency_policy="Forbid",
         starting_deadline_seconds=3600,
         successful_jobs_history_limit=14,
         failed_jobs_history_limit=30,
-        workflow_template_ref=m.WorkflowTemplateRef(name=template_name(profile)),
+        workflow_template_ref=m.WorkflowTemplateRef(name=template_name(profile, "nightly")),
         arguments=[Parameter(name="engines", value=graph.parameters["engines"][0])],
-        workflow_metadata=m.WorkflowMetadata(labels={**labels, "gauntlet.dev/nightly": "true"}),
+        workflow_metadata=m.WorkflowMetadata(labels={**labels, "gauntlet.dev/nightly": "true",
+                                                     RUN_KIND_LABEL: graph.run}),
     )
 
 
@@ -433,7 +448,14 @@ def _refuse_unrunnable(profile: Profile) -> None:
                           f"only for a kubernetes profile (run this one with `gauntlet run --profile {profile.name}`)")
 
 
+def nightly_deadline_s(profile: Profile) -> int:
+    """The nightly's activeDeadlineSeconds: its window."""
+    return int(round(profile.nightly.window_h * 3600))
+
+
 def _refuse_short_deadlines(profile: Profile, graph: Graph, images: dict[str, ImageRef]) -> None:
+    """A task or run whose plan does not fit its deadline, or a nightly over its window or GPU-hour budget:
+    RenderError, one line (workflows/plan.py too_short)."""
     from gauntlet.workflows.plan import image_fixes, plan_graph, too_short
     why = too_short(plan_graph(graph, profile, "argo", image_fixes(profile, images)))
     if why is not None:
@@ -445,16 +467,64 @@ def render_documents(profile: Profile, images: dict[str, ImageRef] | None = None
     _refuse_unrunnable(profile)
     images = load_images() if images is None else images
     graph = build_graph(profile, "argo")
+    nightly = build_graph(profile, "argo", "nightly")
     _refuse_short_deadlines(profile, graph, images)
+    _refuse_short_deadlines(profile, nightly, images)
     docs: dict[str, Any] = {
         f"{template_name(profile)}.workflowtemplate.yaml": _template(profile, graph, images).to_dict(),
-        f"{cron_name(profile)}.cronworkflow.yaml": _cron(profile, graph).to_dict(),
+        f"{template_name(profile, 'nightly')}.workflowtemplate.yaml": _template(profile, nightly, images).to_dict(),
+        f"{cron_name(profile)}.cronworkflow.yaml": _cron(profile, nightly).to_dict(),
         f"{template_name(profile)}.rbac.yaml": _rbac(profile),
         f"{template_name(profile)}.profile.yaml": _profile_configmap(profile, images),
         f"{janitor_name()}.cronworkflow.yaml": _janitor(profile, images).to_dict(),
     }
+    _record_unverified(docs, images)
     _refuse_oversized(docs)
     return docs
+
+
+def _images_of(node: Any) -> Iterator[str]:
+    """Every container's and init container's ``image`` in a rendered document."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "image" and isinstance(v, str):
+                yield v
+            else:
+                yield from _images_of(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _images_of(v)
+
+
+def _record_unverified(docs: dict[str, Any], images: dict[str, ImageRef]) -> None:
+    """Each document that pulls an image whose digest is a stand-in (params/images.yaml ``verified: false``)
+    names those images' keys in its annotation :data:`UNVERIFIED_ANNOTATION`, so the template says so
+    wherever it is read (the Argo UI, ``kubectl get -o yaml``, :func:`unverified_images`)."""
+    by_ref = {ref.ref: key for key, ref in images.items()}
+    for doc in docs.values():
+        for d in doc if isinstance(doc, list) else [doc]:
+            keys = sorted({by_ref[i] for i in _images_of(d) if i in by_ref and not images[by_ref[i]].verified})
+            if keys:
+                d.setdefault("metadata", {}).setdefault("annotations", {})[UNVERIFIED_ANNOTATION] = ",".join(keys)
+
+
+def unverified_images(docs: dict[str, Any]) -> list[str]:
+    """The image keys the rendered documents pull with a stand-in digest (their :data:`UNVERIFIED_ANNOTATION`)."""
+    keys = {k for doc in docs.values() for d in (doc if isinstance(doc, list) else [doc]) if isinstance(d, dict)
+            for k in ((d.get("metadata") or {}).get("annotations") or {}).get(UNVERIFIED_ANNOTATION, "").split(",") if k}
+    return sorted(keys)
+
+
+def refuse_unverified(profile: Profile, docs: dict[str, Any], *, allow: bool) -> None:
+    """A ``cluster`` profile's documents that pull a stand-in digest are refused (RenderError, exit 2, one line)
+    unless ``allow`` (``--allow-unverified-images`` or ``$GAUNTLET_ALLOW_UNVERIFIED_IMAGES=1``): the pods would
+    pull whatever the internal registry holds under that digest, if anything. A ``test`` profile renders them."""
+    keys = unverified_images(docs)
+    if keys and profile.purpose == "cluster" and not (allow or os.environ.get(ALLOW_UNVERIFIED_ENV) == "1"):
+        raise RenderError(f"profile {profile.name} (purpose: cluster) pulls images whose digests are not verified: "
+                          f"{', '.join(keys)} (params/images.yaml verified: false); re-pin them (docs/cluster.md, "
+                          f"\"Pinning the images\") or pass --allow-unverified-images to render them anyway, recorded "
+                          f"in the template's {UNVERIFIED_ANNOTATION} annotation")
 
 
 def _refuse_oversized(docs: dict[str, Any]) -> None:
@@ -479,9 +549,11 @@ def dump_yaml(doc: Any) -> str:
     return "---\n".join(yaml.safe_dump(d, sort_keys=True, default_flow_style=False, width=120) for d in docs)
 
 
-def render_profile(profile: Profile, out: Path) -> list[Path]:
+def render_profile(profile: Profile, out: Path, *, allow_unverified: bool = False) -> list[Path]:
+    """Write the documents into ``out``; nothing is written for a profile :func:`refuse_unverified` refuses."""
     out = Path(out)
     docs = render_documents(profile)
+    refuse_unverified(profile, docs, allow=allow_unverified)
     out.mkdir(parents=True, exist_ok=True)
     root = out.resolve()
     paths = []

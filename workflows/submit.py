@@ -2,7 +2,8 @@
 
 ``--dry-run`` prints the exact ``argo``/``kubectl`` commands instead. RBAC and the
 profile's ConfigMap (what every step pod reads) are applied with kubectl: Argo's API
-takes neither. The janitor's CronWorkflow is created beside the nightly.
+takes neither. Two WorkflowTemplates (the qualification, submitted by hand, and the nightly, which the nightly
+CronWorkflow submits) and the janitor's CronWorkflow beside the nightly's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def commands(profile: Profile, out: Path, namespace: str) -> list[str]:
     """What a person would type: apply RBAC, create/update templates, start a run. Each command is an argv
     joined by shlex.join, so no name, path or namespace is ever read by the shell as more than one word."""
     wt = out / f"{template_name(profile)}.workflowtemplate.yaml"
+    nightly = out / f"{template_name(profile, 'nightly')}.workflowtemplate.yaml"
     cron = out / f"{cron_name(profile)}.cronworkflow.yaml"
     rbac = out / f"{template_name(profile)}.rbac.yaml"
     config = out / f"{template_name(profile)}.profile.yaml"
@@ -39,6 +41,7 @@ def commands(profile: Profile, out: Path, namespace: str) -> list[str]:
         j(["kubectl", "apply", "--server-side", "--field-manager=gauntlet", "-n", namespace, "-f", str(rbac),
            "-f", str(config)]),
         create_or_update("template", wt),
+        create_or_update("template", nightly),
         create_or_update("cron", cron),
         create_or_update("cron", janitor),
         j(["argo", "submit", "-n", namespace, "--from", f"workflowtemplate/{template_name(profile)}",
@@ -47,10 +50,12 @@ def commands(profile: Profile, out: Path, namespace: str) -> list[str]:
 
 
 def submit(profile: Profile, *, out: Path, namespace: str | None = None, host: str | None = None,
-           token: str | None = None, dry_run: bool = False, verify_ssl: bool = True) -> int:
-    """`gauntlet submit`: render, lint, then create or update the templates on the Argo server at ``host``."""
+           token: str | None = None, dry_run: bool = False, verify_ssl: bool = True,
+           allow_unverified: bool = False) -> int:
+    """`gauntlet submit`: render, lint, then create or update the templates on the Argo server at ``host``
+    (a cluster profile pulling a stand-in image digest is refused unless ``allow_unverified``)."""
     namespace = namespace or profile.namespace
-    paths = render_profile(profile, out)
+    paths = render_profile(profile, out, allow_unverified=allow_unverified)
     rc = print_findings(lint_paths(paths))
     if rc:
         return rc
@@ -69,7 +74,8 @@ def submit(profile: Profile, *, out: Path, namespace: str | None = None, host: s
                                        WorkflowTemplateUpdateRequest)
     svc = WorkflowsService(host=host, token=token, namespace=namespace, verify_ssl=verify_ssl)
     by_name = {p.name: p for p in paths}
-    wt = WorkflowTemplate.model_validate(yaml.safe_load(paths[0].read_text()))
+    wts = [WorkflowTemplate.model_validate(yaml.safe_load(by_name[f"{n}.workflowtemplate.yaml"].read_text()))
+           for n in (template_name(profile), template_name(profile, "nightly"))]
     crons = [CronWorkflow.model_validate(yaml.safe_load(by_name[f"{n}.cronworkflow.yaml"].read_text()))
              for n in (cron_name(profile), janitor_name())]
 
@@ -85,12 +91,13 @@ def submit(profile: Profile, *, out: Path, namespace: str | None = None, host: s
             print(f"updated {kind}/{name}")
 
     try:
-        create_or_update(
-            "workflowtemplate", wt,
-            lambda t: svc.create_workflow_template(WorkflowTemplateCreateRequest(template=t), namespace=namespace),
-            lambda n: svc.get_workflow_template(n, namespace=namespace),
-            lambda t, n: svc.update_workflow_template(n, WorkflowTemplateUpdateRequest(template=t),
-                                                      namespace=namespace))
+        for wt in wts:
+            create_or_update(
+                "workflowtemplate", wt,
+                lambda t: svc.create_workflow_template(WorkflowTemplateCreateRequest(template=t), namespace=namespace),
+                lambda n: svc.get_workflow_template(n, namespace=namespace),
+                lambda t, n: svc.update_workflow_template(n, WorkflowTemplateUpdateRequest(template=t),
+                                                          namespace=namespace))
         for cron in crons:
             create_or_update(
                 "cronworkflow", cron,

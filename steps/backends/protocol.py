@@ -102,8 +102,9 @@ class EngineHost(Protocol):
         ``record``: where it was read), or None when none runs."""
         ...
 
-    def ranks(self, profile: Profile, engine: str, out: Path) -> list[Rank] | None:
-        """The deployed baseline engine's ranks now (None: none deployed), for the rank watch."""
+    def ranks(self, profile: Profile, engine: str, out: Path, variant: str | None = None) -> list[Rank] | None:
+        """The deployed engine's ranks now (None: none deployed), for the rank watch: the baseline's, or with
+        ``variant`` that Gate 6 variant's (deployed with ``out`` as its deploy's)."""
         ...
 
     def telemetry_targets(self, profile: Profile, engine: str, out: Path,
@@ -177,7 +178,8 @@ class Access(Protocol):
 
 
 class ClusterInspector(Protocol):
-    """What the cluster's API and manifests say about nodes and pods (Gate 1)."""
+    """What the cluster's API and manifests say about nodes and pods (Gate 1), and about admitting the run's pods
+    (the ``params`` step, before any GPU is requested)."""
 
     def node_gpu_pods(self, node: str) -> list[dict[str, Any]]:
         """The pods on ``node`` that request GPUs."""
@@ -185,6 +187,11 @@ class ClusterInspector(Protocol):
 
     def rdma_access_problems(self, profile: Profile) -> list[str]:
         """One line naming every pod this back end would run NCCL in that gets no RDMA device, or none."""
+        ...
+
+    def admission_checks(self, profile: Profile) -> list[Check]:
+        """Whether the API server will admit the run's pods (the namespace's Pod Security level) and holds the
+        rendered label policy (its binding)."""
         ...
 
 

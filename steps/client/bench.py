@@ -6,11 +6,14 @@ The ``vllm`` console script needs a ``vllm`` distribution, which PyPI's ``vllm-c
 import, ~14 s on 2 cores, is paid once per step, not per round), otherwise as a
 subprocess of a Python that has it (on the cluster: the vLLM image's). Either
 way the client writes its ``--save-result`` JSON and :func:`parse_result` turns
-that file into one round record.
+that file into one round record. A round may be watched (``watch``, polled each
+second: steps/client/stall.py): when it names a hang the client is stopped and the
+round fails with :class:`~gauntlet.steps.client.stall.EngineHang`, never a retry.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import importlib.metadata
@@ -19,25 +22,30 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from gauntlet.contract import TransientError, UsageError
 from gauntlet.steps.client.http import normalize_endpoint
+from gauntlet.steps.client.stall import EngineHang
 
-__all__ = ["BenchRequest", "ClientRun", "client_argv", "run_client", "parse_result", "ROUND_METRICS",
+__all__ = ["BenchRequest", "ClientRun", "client_argv", "goodput_args", "run_client", "parse_result", "ROUND_METRICS",
            "LATENCY_METRICS", "SPEC_METRICS", "client_available", "client_version", "preload_client"]
 
 # Per-round numbers kept from the client's JSON (names as the client writes them).
 THROUGHPUT_METRICS = ("request_throughput", "input_throughput", "output_throughput", "total_token_throughput")
 LATENCY_METRICS = tuple(f"p{p}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for p in (50, 95, 99))
+# the client's mean and standard deviation of each latency (a Benchmark Report's statistics need a mean:
+# steps/evidence/benchmark_report.py); in rounds.json, not in the results store
+LATENCY_MOMENTS = tuple(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "std"))
 SPEC_METRICS = ("spec_decode_acceptance_rate", "spec_decode_acceptance_length", "spec_decode_num_drafts",
                 "spec_decode_draft_tokens", "spec_decode_accepted_tokens")
-ROUND_METRICS = (*THROUGHPUT_METRICS, *LATENCY_METRICS, "success_rate", "duration_s", "completed", "failed",
-                 "num_prompts", "total_input_tokens", "total_output_tokens")
+ROUND_METRICS = (*THROUGHPUT_METRICS, *LATENCY_METRICS, "success_rate", "request_goodput", "duration_s", "completed",
+                 "failed", "num_prompts", "total_input_tokens", "total_output_tokens")
 
 # The bench client as a program of its own: needs only vLLM, not gauntlet (the vLLM image has no gauntlet).
 _CLIENT_SNIPPET = (
@@ -68,6 +76,10 @@ class BenchRequest:
     endpoint: str = "/v1/completions"
     extra_args: tuple[str, ...] = ()
     keep_alive: bool = True      # False: every request on a new connection (profile bench.keep_alive)
+    trust_remote_code: bool = False  # the engine's args.trust_remote_code: the tokenizer may need the model's code
+    # the profile's SLOs as the client's own goodput takes them ("ttft:<ms>", "tpot:<ms>"): its result's
+    # request_goodput is the requests per second that met every one of them (vllm/benchmarks/serve.py)
+    goodput: tuple[str, ...] = ()
 
 
 def client_argv(req: BenchRequest) -> list[str]:
@@ -90,7 +102,18 @@ def client_argv(req: BenchRequest) -> list[str]:
     if not req.keep_alive:
         # aiohttp then closes each connection after its response instead of pooling it
         argv += ["--header", "Connection=close"]
+    if req.trust_remote_code:
+        # the client loads the model's tokenizer itself (vllm.benchmarks.serve.main_async get_tokenizer); a
+        # tokenizer shipped as the model's own code (Kimi's tiktoken one) loads only with this
+        argv += ["--trust-remote-code"]
+    if req.goodput:
+        argv += ["--goodput", *req.goodput]
     return argv + list(req.extra_args)
+
+
+def goodput_args(ttft_ms: float, tpot_ms: float) -> tuple[str, ...]:
+    """``--goodput``'s KEY:VALUE pairs for a TTFT and a TPOT objective in ms (vLLM's parse_goodput reads them)."""
+    return (f"ttft:{ttft_ms:g}", f"tpot:{tpot_ms:g}")
 
 
 @dataclass
@@ -117,9 +140,14 @@ def client_version() -> str:
     return "unknown"
 
 
+Watch = Callable[[], str | None]     # polled during a round: a reason to stop it (a hang), or None
+
+
 def run_client(req: BenchRequest, *, mode: Literal["auto", "inprocess", "subprocess"] = "auto",
-               python: str | None = None, log_path: Path | None = None, timeout_s: float | None = None) -> ClientRun:
-    """Run the client once and return its parsed JSON; a client crash is a TransientError."""
+               python: str | None = None, log_path: Path | None = None, timeout_s: float | None = None,
+               watch: Watch | None = None, poll_s: float = 1.0) -> ClientRun:
+    """Run the client once and return its parsed JSON; a client crash is a TransientError, a ``watch``
+    that names a reason stops the client and raises :class:`EngineHang` with it."""
     t0 = time.perf_counter()
     if mode == "auto":
         mode = "inprocess" if python is None and client_available() else "subprocess"
@@ -128,10 +156,10 @@ def run_client(req: BenchRequest, *, mode: Literal["auto", "inprocess", "subproc
     Path(req.result_path).unlink(missing_ok=True)
     log_path = Path(log_path) if log_path else Path(req.result_path).with_suffix(".log")
     if mode == "inprocess":
-        client_s = _run_inprocess(argv, log_path)
+        client_s = _run_inprocess(argv, log_path, watch, poll_s)
     elif mode == "subprocess":
         client_s = _run_subprocess(argv, log_path, python or os.environ.get("GAUNTLET_BENCH_PYTHON", "python3"),
-                                   timeout_s)
+                                   timeout_s, watch, poll_s)
     else:
         raise UsageError(f"bench client mode {mode!r}: use auto, inprocess or subprocess")
     try:
@@ -165,37 +193,79 @@ def client_parser():
     return parser
 
 
-def _run_inprocess(argv: list[str], log_path: Path) -> float:
+def _run_inprocess(argv: list[str], log_path: Path, watch: Watch | None = None, poll_s: float = 1.0) -> float:
+    """``vllm bench serve``'s own coroutine (``main`` is ``asyncio.run(main_async(args))``) on an event loop of
+    its own thread, so that this thread can poll ``watch`` and, on a hang, cancel the client's task (its
+    requests' connections close) instead of waiting for its 6-hour request timeout."""
     if not client_available():
         raise UsageError("vLLM is not importable here; run the bench client with --bench-python PYTHON")
-    from vllm.benchmarks.serve import main
+    from vllm.benchmarks.serve import main_async
 
     args = client_parser().parse_args(argv)
+    state: dict[str, Any] = {}
+
+    def client() -> None:
+        async def go() -> None:
+            state["loop"], state["task"] = asyncio.get_running_loop(), asyncio.current_task()
+            await main_async(args)
+        try:
+            asyncio.run(go())
+        except BaseException as exc:  # noqa: BLE001 - carried to the caller's thread, judged there
+            state["error"] = exc
+
     with open(log_path, "w") as log, contextlib.redirect_stdout(log):
         t0 = time.perf_counter()
-        try:
-            main(args)
-        except Exception as exc:  # the client's own failure (engine gone, bad args): retryable infra
-            raise TransientError(f"bench client failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-        return time.perf_counter() - t0
+        th = threading.Thread(target=client, name="bench-client", daemon=True)
+        th.start()
+        while th.is_alive():
+            th.join(poll_s)
+            why = watch() if watch is not None and th.is_alive() else None
+            if why:
+                loop, task = state.get("loop"), state.get("task")
+                if loop is not None and task is not None:
+                    loop.call_soon_threadsafe(task.cancel)
+                th.join(30)
+                raise EngineHang(f"{why}; the bench client was stopped")
+        client_s = time.perf_counter() - t0
+    exc = state.get("error")
+    if exc is not None:  # the client's own failure (engine gone, bad args): retryable infra
+        raise TransientError(f"bench client failed: {type(exc).__name__}: {exc}".splitlines()[0])
+    return client_s
 
 
-def run_logged(cmd: list[str], log_path: Path, what: str, timeout_s: float | None) -> tuple[int, float]:
+def run_logged(cmd: list[str], log_path: Path, what: str, timeout_s: float | None, watch: Watch | None = None,
+               poll_s: float = 1.0) -> tuple[int, float]:
     """(exit code, seconds) of a client subprocess writing into ``log_path``; a missing interpreter is a
-    UsageError naming ``what`` and it, a timeout a TransientError (a bench client of either kind)."""
+    UsageError naming ``what`` and it, a timeout a TransientError (a bench client of either kind), a
+    ``watch`` naming a reason kills it and raises EngineHang."""
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         except FileNotFoundError:
             raise UsageError(f"{what} python {cmd[0]!r} not found") from None
-        except subprocess.TimeoutExpired:
-            raise TransientError(f"{what} ran past {timeout_s:.0f} s; log: {log_path}") from None
-    return proc.returncode, time.perf_counter() - t0
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                        raise TransientError(f"{what} ran past {timeout_s:.0f} s; log: {log_path}") from None
+                    why = watch() if watch is not None else None
+                    if why:
+                        raise EngineHang(f"{why}; the {what} was stopped") from None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return rc, time.perf_counter() - t0
 
 
-def _run_subprocess(argv: list[str], log_path: Path, python: str, timeout_s: float | None) -> float:
-    rc, seconds = run_logged([python, "-c", _CLIENT_SNIPPET, *argv], log_path, "bench client", timeout_s)
+def _run_subprocess(argv: list[str], log_path: Path, python: str, timeout_s: float | None,
+                    watch: Watch | None = None, poll_s: float = 1.0) -> float:
+    rc, seconds = run_logged([python, "-c", _CLIENT_SNIPPET, *argv], log_path, "bench client", timeout_s,
+                             watch, poll_s)
     if rc != 0:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         raise TransientError(f"bench client exited {rc}: {tail[0][:200]}; log: {log_path}")
@@ -220,6 +290,8 @@ def parse_result(result: Mapping[str, Any], num_prompts: int | None = None) -> d
         "total_input_tokens": int(result.get("total_input_tokens", 0)),
         "total_output_tokens": int(result.get("total_output_tokens", 0)),
         "request_throughput": _num(result.get("request_throughput")),
+        # requests/s that met every --goodput objective; None when the client was given none
+        "request_goodput": _num(result.get("request_goodput")),
         "output_throughput": _num(result.get("output_throughput")),
         "total_token_throughput": _num(result.get("total_token_throughput")),
         "input_throughput": (int(result.get("total_input_tokens", 0)) / duration) if duration else None,
@@ -229,6 +301,8 @@ def parse_result(result: Mapping[str, Any], num_prompts: int | None = None) -> d
     for k in LATENCY_METRICS:
         rec[k] = _num(result.get(k))
     for k in SPEC_METRICS:
+        rec[k] = _num(result.get(k))
+    for k in LATENCY_MOMENTS:
         rec[k] = _num(result.get(k))
     rec["first_ttft_ms"] = first_ttft_ms(result)
     return rec

@@ -44,6 +44,9 @@ class EngineClient:
 
     ``timeout_s`` is every request's default (connect at most 10 s); a call may pass its own ``timeout``.
     ``keep_log``: every :meth:`request` / :meth:`stream` is appended to ``log`` (smoke's evidence).
+    ``unanswered`` counts the requests whose answer never came or never completed (a timeout, a connection
+    refused or lost, mid-stream too): Gate 3 never excuses a check during which the engine hung
+    (``steps/gates/smoke.py`` ``known_deviations``).
     """
 
     def __init__(self, endpoint: str, timeout_s: float = 30.0, *, transport: httpx.BaseTransport | None = None,
@@ -55,6 +58,7 @@ class EngineClient:
         self.http = httpx.Client(base_url=self.base, timeout=timeout, transport=transport, trust_env=trust_env,
                                  headers=headers)
         self.log: list[Exchange] = []
+        self.unanswered = 0
         self._keep = keep_log
 
     def __enter__(self) -> EngineClient:
@@ -98,6 +102,7 @@ class EngineClient:
             ex.body = _json_or_none(r.text)
         except httpx.HTTPError as exc:
             ex.error = f"{type(exc).__name__}: {exc}"
+            self.unanswered += 1
         ex.seconds = time.monotonic() - t0
         self._record(ex)
         return ex
@@ -117,9 +122,10 @@ class EngineClient:
                 ex.error = f"content-type {ctype!r}, expected text/event-stream"
             elif ex.status != 200:
                 ex.body = _json_or_none(raw)
-        except httpx.HTTPError as exc:
+        except httpx.HTTPError as exc:       # before the status or mid-stream: the answer never completed
             ex.error = f"{type(exc).__name__}: {exc}"
             ex.text = raw
+            self.unanswered += 1
         ex.seconds = time.monotonic() - t0
         self._record(ex)
         return ex, raw

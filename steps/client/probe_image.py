@@ -3,7 +3,7 @@
 Standard library only (zlib + struct), so the step image needs no imaging
 library. :func:`solid_png` is a real PNG of one colour (the answer is its
 name); :func:`broken_png` is a PNG cut off mid-data, which a server must
-refuse with a 4xx rather than crash on.
+refuse with a 4xx (the client's mistake), not answer with a 5xx (its own).
 """
 
 from __future__ import annotations

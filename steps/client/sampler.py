@@ -25,10 +25,11 @@ from urllib.parse import urlparse
 import httpx
 
 from gauntlet.steps.client.http import EngineClient, normalize_endpoint
+from gauntlet.steps.client.stall import longest_stall
 from gauntlet.steps.engines import metric_names
 
 __all__ = ["Sampler", "parse_nvidia_smi_csv", "parse_proc_net_dev", "parse_prometheus", "engine_gauges",
-           "summarize_samples", "cpu_times", "meminfo", "NVIDIA_QUERY"]
+           "summarize_samples", "counter_delta", "COUNTERS", "cpu_times", "meminfo", "NVIDIA_QUERY"]
 
 NVIDIA_QUERY = "index,utilization.gpu,memory.used,memory.total,power.draw"
 
@@ -147,8 +148,12 @@ def _read(path: str) -> str | None:
 class Sampler:
     """Context manager: sample while the block runs, then :meth:`summary`."""
 
-    def __init__(self, endpoint: str | None, interval_s: float = 1.0, nvidia_smi: str | None = "auto"):
+    def __init__(self, endpoint: str | None, interval_s: float = 1.0, nvidia_smi: str | None = "auto",
+                 engine_metrics: Mapping[str, tuple[str, ...]] | None = None, counters_from_first_count: bool = False):
         self.endpoint = normalize_endpoint(endpoint) if endpoint else None
+        # the engine's own names (its adapter's ``metrics``), for the reasons a reading is missing
+        self.engine_metrics = engine_metrics
+        self.counters_from_first_count = counters_from_first_count
         self.interval_s = interval_s
         self.nvidia_smi = shutil.which("nvidia-smi") if nvidia_smi == "auto" else nvidia_smi
         self.samples: list[dict[str, Any]] = []
@@ -252,19 +257,51 @@ class Sampler:
 
     def summary(self) -> dict[str, Any]:
         return summarize_samples(self.samples, self.net_start, self.net_end, self.metrics_start, self.metrics_end,
-                                 self._t1 - self._t0, self.errors)
+                                 self._t1 - self._t0, self.errors, engine_metrics=self.engine_metrics,
+                                 counters_from_first_count=self.counters_from_first_count)
 
 
 def _vals(samples: list[dict[str, Any]], key: str) -> list[float]:
     return [s[key] for s in samples if s.get(key) is not None]
 
 
+# the engine's counters differenced over a round (``engine_<key>_delta``): its scrape at the round's start and end
+COUNTERS = ("prefix_queries", "prefix_hits", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens",
+            "generation_tokens", "prompt_tokens", "preemptions")
+# the engine's gauges sampled during a round (``engine_<key>_max``)
+SAMPLED = ("running", "waiting", "kv_usage")
+
+
+def counter_delta(key: str, start: Mapping[str, float], end: Mapping[str, float],
+                  from_first_count: bool = False) -> float | None:
+    """One engine counter's growth between two scrapes (pure). A counter absent from the first scrape and present
+    in the last was created during the round (it starts at 0); absent from both, it is unknown, unless the engine's
+    counters appear at their first count (``from_first_count``, SGLang's) and both scrapes read its other metrics:
+    then it counted nothing."""
+    g_start, g_end = engine_gauges(start).get(key), engine_gauges(end).get(key)
+    if g_end is None and from_first_count and start and end:
+        g_end = 0.0
+    if g_end is None:
+        return None
+    return g_end - (g_start if g_start is not None else 0.0)
+
+
+def _missing(key: str, engine_metrics: Mapping[str, tuple[str, ...]] | None, how: str) -> str:
+    names = (engine_metrics or {}).get(key) if engine_metrics is not None else gauges().get(key)
+    if engine_metrics is not None and not names:
+        return "the engine's adapter names no metric for it (it does not report it)"
+    return f"{' or '.join(names or ())} {how}"
+
+
 def summarize_samples(samples: list[dict[str, Any]], net_start: Mapping[str, Mapping[str, int]],
                       net_end: Mapping[str, Mapping[str, int]], metrics_start: Mapping[str, float],
-                      metrics_end: Mapping[str, float], elapsed_s: float, errors: list[str] | None = None
-                      ) -> dict[str, Any]:
-    """Pure: the per-round resource record, including the memory headroom the C32 rule reads."""
+                      metrics_end: Mapping[str, float], elapsed_s: float, errors: list[str] | None = None, *,
+                      engine_metrics: Mapping[str, tuple[str, ...]] | None = None,
+                      counters_from_first_count: bool = False) -> dict[str, Any]:
+    """Pure: the per-round resource record, including the memory headroom the C32 rule reads. ``engine_notes``
+    says why each of the engine's readings is None (``engine_metrics``: its adapter's names, for the reason)."""
     out: dict[str, Any] = {"samples": len(samples), "elapsed_s": round(elapsed_s, 3)}
+    notes: dict[str, str] = {}
     for key in ("engine_running", "engine_waiting", "engine_kv_usage", "cpu_util", "engine_tree_rss_bytes",
                 "engine_engine_rss_bytes", "host_mem_free_frac"):
         v = _vals(samples, key)
@@ -292,27 +329,45 @@ def summarize_samples(samples: list[dict[str, Any]], net_start: Mapping[str, Map
     lo_end, lo_start = net_end.get("lo"), net_start.get("lo")
     out["net_rx_bytes"], out["net_tx_bytes"] = rx, tx
     out["net_lo_bytes"] = (lo_end["rx_bytes"] - lo_start["rx_bytes"]) if lo_end and lo_start else None
-    ge, gs = engine_gauges(metrics_end), engine_gauges(metrics_start)
-    for k in ("prefix_queries", "prefix_hits", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens"):
-        g_end, g_start = ge[k], gs[k]
-        out[f"engine_{k}_delta"] = (g_end - g_start) if g_end is not None and g_start is not None else None
+    ge = engine_gauges(metrics_end)
+    scraped = bool(metrics_start) and bool(metrics_end)
+    for k in COUNTERS:
+        out[f"engine_{k}_delta"] = d = counter_delta(k, metrics_start, metrics_end, counters_from_first_count)
+        if d is None:
+            notes[k] = ("/metrics did not answer at the round's start and end" + (f" ({errors[0]})" if errors else "")
+                        if not scraped else _missing(k, engine_metrics, "not in the engine's /metrics at the round's end"))
+    for k in SAMPLED:
+        if out.get(f"engine_{k}_max") is None:
+            notes[k] = (_missing(k, engine_metrics, f"not in any of the round's {len(samples)} /metrics samples")
+                        if samples else "no sample during the round (it ended before the first)")
+    # a gauge read at the round's end: the speculative verify window in use (SGLang's; Gate 6's draft tokens)
+    out["engine_spec_verify_window"] = ge.get("spec_verify_window")
     q, h = out["engine_prefix_queries_delta"], out["engine_prefix_hits_delta"]
-    out["prefix_cache_hit_rate"] = (h / q) if q else None
+    out["prefix_cache_hit_rate"] = (h / q) if q and h is not None else None
+    if out["prefix_cache_hit_rate"] is None:
+        notes["prefix_cache_hit_rate"] = (f"prefix hits unknown: {notes['prefix_hits']}" if "prefix_hits" in notes
+                                          else f"prefix queries unknown: {notes['prefix_queries']}"
+                                          if "prefix_queries" in notes else
+                                          "the engine looked up no prompt token in its prefix cache during the round")
+    out["engine_notes"] = notes
     names = sorted({n for s in samples for n in s.get("expert_load_metrics", [])})
     out["expert_load"] = {"available": bool(names), "metrics": names} if names else \
         {"available": False, "reason": "the engine's /metrics exposes no per-rank expert load"}
     out["headroom"] = headroom(out)
+    # the longest the engine's token counter stood still with requests in it (steps/client/stall.py)
+    out["engine_stall_max_s"] = longest_stall(samples)
     out["errors"] = list(errors or [])[:5]
     return out
 
 
 def headroom(rec: Mapping[str, Any]) -> float | None:
-    """Free memory fraction left at the round's peak: the tightest of KV cache, GPU memory and host memory."""
-    cands = []
-    if rec.get("engine_kv_usage_max") is not None:
-        cands.append(1.0 - float(rec["engine_kv_usage_max"]))
-    if rec.get("gpu_mem_used_frac_max") is not None:
-        cands.append(1.0 - float(rec["gpu_mem_used_frac_max"]))
-    if rec.get("host_mem_free_frac_min") is not None and rec.get("gpu_source") != "nvidia-smi":
-        cands.append(float(rec["host_mem_free_frac_min"]))
-    return min(cands) if cands else None
+    """The KV cache left free at the round's peak (1 - the engine's KV usage gauge at its highest), what a
+    doubled concurrency needs; None without a reading of that gauge (then a case gated on headroom stays
+    locked, steps/gates/perf.py ``unlocks``).
+
+    Only the engine's own KV usage says it: the engines allocate their KV pool at start-up (SGLang's
+    ``--mem-fraction-static``, vLLM's ``--gpu-memory-utilization``), so the GPU memory nvidia-smi reports is
+    that static pool whatever the load, and host memory says nothing about the GPUs (the cluster's bench pod
+    has none). Both are still recorded per round (``gpu_mem_used_frac_max``, ``host_mem_free_frac_min``)."""
+    kv = rec.get("engine_kv_usage_max")
+    return None if kv is None else 1.0 - float(kv)

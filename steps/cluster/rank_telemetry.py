@@ -16,10 +16,14 @@ from typing import Any
 
 import httpx
 
+from gauntlet.contract import Check
 from gauntlet.params.models import Profile
 from gauntlet.steps.cluster.telemetry import series, summarize_rank
 
-__all__ = ["Target", "targets", "round_telemetry", "aggregate"]
+__all__ = ["Target", "targets", "round_telemetry", "aggregate", "gpu_source_check", "GPU_SOURCE_CHECK",
+           "no_gpu_source"]
+
+GPU_SOURCE_CHECK = "telemetry/gpu-source"
 
 Target = tuple[int, str, str]        # (rank, base URL, where: pod / node or "local")
 
@@ -73,3 +77,47 @@ def aggregate(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "gpu_source": ", ".join(sorted({str(r.get("gpu_source")) for r in ok})) or None,
             "unreachable": [r.get("error") for r in ranks if not r.get("reachable") or not r.get("samples")],
             "gpu_mem_total_gib": max(total, default=None)}
+
+
+def no_gpu_source(record: dict[str, Any]) -> str | None:
+    """The sampler's own reason when a rank's record (:func:`round_telemetry`) says it answered but reads no GPU
+    (``gpu_source`` ``none: ...``, or none given: steps/cluster/telemetry.py ``Reader``); None otherwise, a rank that
+    never answered included (that is named as unreachable)."""
+    if not (record.get("reachable") and record.get("samples")):
+        return None
+    source = str(record.get("gpu_source"))
+    return source if source.startswith("none") or source in ("", "None") else None
+
+
+def gpu_source_check(records: list[dict[str, Any]], gpus_per_node: int) -> Check | None:
+    """On a GPU profile, did every rank's sampler read its node's GPUs? ``records``: every rank record of every
+    round (:func:`round_telemetry`). A sampler that answers but reads no GPU (its source ``none: ...``, or fewer
+    GPUs than the node has) fails: the round's GPU figures (utilisation, memory headroom, power) would be empty
+    while the run goes on. No sampler answering at all is a skip naming why (the report names each rank too);
+    None on a profile without GPUs."""
+    if gpus_per_node < 1:
+        return None
+    want = f"every rank's sampler reads its node's {gpus_per_node} GPU(s)"
+    seen = [r for r in records if r.get("reachable") and r.get("samples")]
+    if not seen:
+        why = next((r.get("error") for r in records if r.get("error")), None) or "no round was sampled"
+        return Check(GPU_SOURCE_CHECK, "skip", want, None, f"no rank's sampler answered: {why}")
+    bad: dict[int, str] = {}
+    for r in seen:
+        source = str(r.get("gpu_source"))
+        if no_gpu_source(r) is not None:
+            bad.setdefault(int(r["rank"]), f"rank {r['rank']} ({r.get('where')}): no GPU source ({source})")
+        elif int(r.get("gpus") or 0) < gpus_per_node:
+            bad.setdefault(int(r["rank"]), f"rank {r['rank']} ({r.get('where')}): {source} reads {r.get('gpus') or 0} "
+                                           f"of {gpus_per_node} GPUs")
+    if bad:
+        return Check(GPU_SOURCE_CHECK, "fail", want, sorted(bad),
+                     "; ".join(bad[k] for k in sorted(bad)) + ": the rounds' GPU figures (utilisation, memory "
+                     "headroom, power) are empty or partial; the sampler runs in the engine container, which holds "
+                     "the GPUs (steps/backends/kubernetes/manifests.py sampler_lines): read its line in the rank's log")
+    sources = sorted({str(r.get("gpu_source")) for r in seen})
+    silent = sorted({int(r["rank"]) for r in records} - {int(r["rank"]) for r in seen})
+    return Check(GPU_SOURCE_CHECK, "pass", want, sources,
+                 f"{len({r['rank'] for r in seen})} rank(s) read {gpus_per_node} GPU(s) each through "
+                 f"{', '.join(sources)}" + (f"; rank(s) {', '.join(map(str, silent))} never answered (named in the "
+                                            "report)" if silent else ""))

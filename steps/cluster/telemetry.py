@@ -9,11 +9,16 @@ What it reads, every ``--interval`` seconds (0.5 s by default):
 - the RDMA ports' ``/sys/class/infiniband/<dev>/ports/<port>/counters/port_{xmit,rcv}_data``, which count
   4-byte words (the IB spec's PortXmitData/PortRcvData), as bytes per second between two samples;
 - the host's NICs from ``/proc/net/dev`` (the engine pods use hostNetwork, so this is the node's network
-  namespace), as bytes per second; the physical ones (``/sys/class/net/<if>/device`` exists) are summed.
+  namespace), as bytes per second; the physical ones (``/sys/class/net/<if>/device`` exists) are summed;
+- with ``--container-memory``, its container's memory working set (the cgroup's usage less its inactive file
+  pages, as the kubelet and cAdvisor count it for eviction): on the cluster the engine container's, which the
+  sampler runs in, measured against what that container requests (steps/backends/kubernetes/manifests.py).
 
-Why a sidecar serving HTTP, not a file and not the perf step's own process: the perf step runs in a pod
+Why a process serving HTTP, not a file and not the perf step's own process: the perf step runs in a pod
 with no GPU on another node, so what it reads of its own machine is the bench client's, never the
-engine's. Beside the engine, in the engine's pod, the sampler sees the node's GPUs and host network. It
+engine's. In the engine's container, started beside the engine by its launch script, the sampler sees the GPUs
+the device plugin gave that container (a container without them sees none on a CDI runtime) and the host
+network. It
 keeps the last hours of samples in memory and answers ``GET /samples?since=<epoch>&until=<epoch>``
 with that window, so the perf step asks each rank (``<sts>-<ordinal>.<headless>``) for each round's
 window after the round: nothing is written on the node, no volume has to be shared across nodes (the
@@ -53,7 +58,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-__all__ = ["SMI_QUERY", "parse_smi", "read_ib_counters", "parse_net_dev", "physical_ifaces", "rates", "Reader",
+__all__ = ["SMI_QUERY", "CGROUP_ROOT", "container_memory", "parse_smi", "read_ib_counters", "parse_net_dev", "physical_ifaces", "rates", "Reader",
            "Sampler", "serve", "summarize_rank", "series", "cpu_times", "newest_dump", "dump_counts", "expert_load", "main"]
 
 SMI_QUERY = "index,utilization.gpu,memory.used,memory.total,power.draw,clocks.sm"
@@ -153,7 +158,14 @@ class Reader:
             except Exception as exc:  # noqa: BLE001 - pynvml.NVMLError_*: no driver, no device
                 why.append(f"NVML: {type(exc).__name__}: {exc}")
         self._smi = shutil.which("nvidia-smi") if smi == "auto" else smi
-        if self._nvml is not None:
+        if self._nvml is not None and not self._handles:
+            # NVML loads (its library is mounted) but the container was given no device: what a container
+            # without a GPU allocation sees on a CDI runtime
+            why.append("NVML initialised but sees 0 GPUs (this container holds no GPU allocation)")
+            self._nvml = None
+            self._smi = None
+            self.gpu_source = "none: " + "; ".join(why)
+        elif self._nvml is not None:
             self.gpu_source = "nvml"
         elif self._smi:
             self.gpu_source = "nvidia-smi"
@@ -196,6 +208,30 @@ class Reader:
         return read_ib_counters(self.ib_root), net
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def container_memory(root: str | Path = CGROUP_ROOT) -> int | None:
+    """This container's memory working set in bytes: the cgroup's usage less its inactive file pages (cgroup v2
+    ``memory.current`` and ``memory.stat`` ``inactive_file``; v1 ``memory/memory.usage_in_bytes`` and
+    ``total_inactive_file``), as cAdvisor's working set, which the kubelet's eviction reads. None without one."""
+    base = Path(root)
+    for usage, stat, key in ((base / "memory.current", base / "memory.stat", "inactive_file"),
+                             (base / "memory" / "memory.usage_in_bytes", base / "memory" / "memory.stat",
+                              "total_inactive_file")):
+        try:
+            used = int(usage.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        inactive = 0
+        for line in _read(str(stat)).splitlines():
+            k, _, v = line.partition(" ")
+            if k == key and v.strip().isdigit():
+                inactive = int(v)
+        return max(0, used - inactive)
+    return None
+
+
 def _read(path: str) -> str:
     try:
         return Path(path).read_text()
@@ -222,8 +258,9 @@ def _float(x: Any) -> float | None:
 class Sampler:
     """A thread taking one sample every ``interval_s`` into a ring of the last ``keep_s`` seconds."""
 
-    def __init__(self, reader: Reader, interval_s: float = 0.5, keep_s: float = 6 * 3600):
-        self.reader, self.interval_s = reader, interval_s
+    def __init__(self, reader: Reader, interval_s: float = 0.5, keep_s: float = 6 * 3600,
+                 cgroup: str | Path | None = None):
+        self.reader, self.interval_s, self.cgroup = reader, interval_s, cgroup
         self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=max(10, int(keep_s / interval_s)))
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -242,6 +279,8 @@ class Sampler:
         if cpu and self._cpu and cpu[1] > self._cpu[1]:
             s["cpu_pct"] = round(100.0 * (cpu[0] - self._cpu[0]) / (cpu[1] - self._cpu[1]), 1)
         self._cpu = cpu
+        if self.cgroup is not None and (mem := container_memory(self.cgroup)) is not None:
+            s["container_mem_bytes"] = mem
         if self._prev is not None:
             dt = t - self._prev[0]
             s["rdma"] = {k: {"tx_Bps": v.get("xmit_bytes"), "rx_Bps": v.get("rcv_bytes")}
@@ -407,6 +446,8 @@ def summarize_rank(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "power_w_mean": _mean(power), "power_w_max": max(power, default=None),
         "node_power_w_mean": _mean(node_power), "sm_clock_mhz_mean": _mean(sm),
         "cpu_util_mean": _mean([s["cpu_pct"] for s in samples if s.get("cpu_pct") is not None]),
+        "container_mem_gib_max": max((s["container_mem_bytes"] / 2**30 for s in samples
+                                      if s.get("container_mem_bytes") is not None), default=None),
     }
     for name, key, field in (("rdma_tx", "rdma", "tx_Bps"), ("rdma_rx", "rdma", "rx_Bps"),
                              ("nic_tx", "nic", "tx_Bps"), ("nic_rx", "nic", "rx_Bps")):
@@ -452,16 +493,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--keep-s", type=float, default=6 * 3600)
     s.add_argument("--exit-with", type=int, default=None, help="exit when this pid is gone (the local engine)")
     s.add_argument("--ready-file", default=None, help="write the port here once serving")
+    s.add_argument("--container-memory", action="store_true", help="sample this container's memory working set "
+                   f"(its cgroup under {CGROUP_ROOT}): set where the sampler runs in the engine's container")
     s.add_argument("--expert-dir", default=None, help="where SGLang's rank 0 writes its expert distribution dumps "
                    "(SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR), served at /expert-load")
     a = ap.parse_args(argv)
-    # As the sidecar it runs as PID 1 of its container, where a signal with no handler is ignored: without
+    # Where it runs as PID 1 of a container (as the sidecar it was), a signal with no handler is ignored: without
     # this, deleting the engine's pod would wait the whole termination grace period for the sampler while
     # the engine's GPUs stay held.
     signal.signal(signal.SIGTERM, _stop)
     if not 0 < a.interval <= 600 or not 0 < a.port < 65536:
         ap.error("--interval in (0, 600], --port in 1..65535")
-    sampler = Sampler(Reader(), a.interval, a.keep_s)
+    sampler = Sampler(Reader(), a.interval, a.keep_s, CGROUP_ROOT if a.container_memory else None)
     try:
         srv = serve(sampler, a.host, a.port, a.expert_dir)
     except OSError as exc:

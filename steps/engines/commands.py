@@ -42,10 +42,12 @@ def engine_command(engine: str, spec: EngineSpec, *, model_path: str, served_nam
 
 
 def engine_env(engine: str, spec: EngineSpec, placement: Placement = Placement()) -> dict[str, str]:
-    """The profile's env given in clear plus what the args imply; identical on every rank but the NIC. The env
-    read from Secrets (``spec.secret_env``) is each back end's to pass: it never appears in a plan or a verdict."""
+    """The profile's env given in clear, then what the engine's own start-up sets from its args and that env
+    (its ``Engine.env``: SGLang's NCCL_NVLS_ENABLE, say), which wins as it does in the engine's process;
+    identical on every rank but the NIC. The env read from Secrets (``spec.secret_env``) is each back end's to
+    pass: it never appears in a plan or a verdict."""
     implied = _engine(engine).env
-    env = {**(implied(spec) if implied else {}), **spec.clear_env}
+    env = {**spec.clear_env, **(implied(spec) if implied else {})}
     env.update(placement.extra_env)
     return dict(sorted(env.items()))
 

@@ -244,6 +244,9 @@ def flags(spec: EngineSpec) -> list[str]:
     if spec.tool_call_parser is not None:
         raise UsageError("engines.llamacpp.tool_call_parser: llama.cpp has no tool-call parser flag (it "
                          "reads the format from the chat template); leave it null")
+    if spec.dist_timeout_s is not None:
+        raise UsageError("engines.llamacpp.dist_timeout_s: llama.cpp's server is one process with no "
+                         "torch.distributed groups to time out; leave it null")
     return [*_args_flags(spec.args), *flag("reasoning-format", spec.reasoning_parser)]
 
 
@@ -363,5 +366,10 @@ REPLIES = ReplyRules(
 ENGINE = Engine(
     name="llamacpp", title="llama.cpp", program=program, serve=serve, flags=flags,
     # --ctx-size (-c) is per request under --kv-unified (see _args_flags)
-    context_flags=("--ctx-size", "-c"), checker=LlamaCppAdapter, replies=REPLIES, metrics={},
+    context_flags=("--ctx-size", "-c"), checker=LlamaCppAdapter, replies=REPLIES,
+    # none: llama.cpp 11434's /metrics (with --metrics; tools/server/server-task.cpp to_metrics) has token
+    # counters and requests_processing/deferred but no KV-cache usage, so Gate 4 has no headroom reading for it
+    # (a case gated on headroom stays locked, saying so), and its /metrics is answered by the same loop that
+    # decodes, so it cannot tell a stuck decode either
+    metrics={},
     local_weights=local_weights)

@@ -7,8 +7,9 @@ they go to the verdict's ``metrics["diagnostics"]``, the results store's
 
 The same requests, not similar ones: SGLang's ``random`` dataset would draw other
 prompts, so the request set is sampled with vLLM's own dataset code exactly as
-``vllm bench serve`` does for the round's argv (:func:`sample_requests`: the same
-parser, seeds, tokenizer, ``get_samples`` and prompt alignment), written as the
+``vllm bench serve`` does for the round's argv (steps/client/request_set.py
+``sample_requests``: the same parser, seeds, tokenizer, ``get_samples`` and prompt
+alignment, and the digest each main round records), written as the
 JSONL SGLang's ``custom`` dataset reads (one ``{"conversations": [{"content": prompt},
 {"content": ""}]}`` a line), and replayed with ``--sharegpt-output-len`` fixing every
 output length. SGLang shuffles the file by ``--seed`` and keeps every prompt of two
@@ -22,27 +23,23 @@ the client (a subprocess of a Python that has sglang; by default this one).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import hashlib
 import importlib.metadata
 import json
-import os
-import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gauntlet.contract import TransientError, UsageError
-from gauntlet.steps.client.bench import BenchRequest, client_argv, client_available, client_version, run_logged
+from gauntlet.steps.client.bench import BenchRequest, client_available, client_version, run_logged
 from gauntlet.steps.client.http import EngineClient, normalize_endpoint
+from gauntlet.steps.client.request_set import Sample, requests_digest, sample_requests
 
-__all__ = ["CLIENT", "DIAGNOSTIC_CLIENTS", "Sample", "SglangRun", "sample_requests", "dataset_lines",
-           "sglang_argv", "parse_sglang_result", "requests_digest", "sglang_missing", "run_sglang_client"]
+__all__ = ["CLIENT", "DIAGNOSTIC_CLIENTS", "SglangRun", "dataset_lines", "sglang_argv", "parse_sglang_result",
+           "sglang_missing", "run_sglang_client"]
 
 CLIENT = "sglang-bench-serving"            # its label: the results store's `client`, the verdict's key
 DIAGNOSTIC_CLIENTS = (CLIENT,)
@@ -54,15 +51,6 @@ _PERCENTILES = {"p50": "median", "p95": "p95", "p99": "p99"}
 _LATENCIES = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e_latency"}
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One request as the pinned client sends it."""
-
-    prompt: str
-    prompt_len: int
-    output_len: int
-
-
 @dataclass
 class SglangRun:
     record: dict[str, Any]
@@ -72,53 +60,9 @@ class SglangRun:
     result_path: Path
 
 
-def sample_requests(req: BenchRequest) -> list[Sample]:
-    """The requests ``vllm bench serve`` sends for ``req``, drawn by vLLM's own code in this interpreter.
-
-    Mirrors ``vllm.benchmarks.serve.main_async`` for the random dataset: the round's argv parsed by the
-    client's own parser, ``random``/``numpy`` seeded, the tokenizer loaded as the client loads it,
-    ``get_samples``, then the client's prompt alignment to the server's tokenizer (a no-op when the
-    server has no ``/tokenize`` or agrees).
-    """
-    import numpy as np
-    from vllm.benchmarks import serve
-    from vllm.benchmarks.datasets import get_samples
-    from vllm.tokenizers import get_tokenizer
-
-    from gauntlet.steps.client.bench import client_parser
-
-    args = client_parser().parse_args(client_argv(req))
-    if args.dataset_name != "random":
-        raise UsageError(f"the diagnostic replays vLLM's random dataset, not {args.dataset_name!r}")
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    tokenizer = get_tokenizer(args.tokenizer or args.model, tokenizer_mode=args.tokenizer_mode,
-                              trust_remote_code=args.trust_remote_code)
-    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):   # the client's prints
-        samples = get_samples(args, tokenizer)
-        align = getattr(serve, "_align_prompts_to_server_tokenizer", None)
-        if align is not None:
-            samples = asyncio.run(align(args.base_url, args.model, samples, None))
-    out = []
-    for s in samples:
-        if not isinstance(s.prompt, str):
-            raise UsageError(f"vLLM sampled a {type(s.prompt).__name__} prompt; the diagnostic replays text "
-                             "prompts only (--random-batch-size 1)")
-        out.append(Sample(s.prompt, int(s.prompt_len), int(s.expected_output_len)))
-    return out
-
-
 def dataset_lines(samples: Sequence[Sample]) -> list[str]:
     """SGLang's ``custom`` dataset JSONL, one request a line (pure)."""
     return [json.dumps({"conversations": [{"content": s.prompt}, {"content": ""}]}) for s in samples]
-
-
-def requests_digest(prompts: Iterable[str]) -> str:
-    """A fingerprint of a multiset of prompts (order-free): equal digests, same requests (pure)."""
-    h = hashlib.sha256()
-    for p in sorted(prompts):
-        h.update(hashlib.sha256(p.encode()).digest())
-    return h.hexdigest()[:16]
 
 
 def sglang_argv(req: BenchRequest, dataset_path: Path, result_path: Path) -> list[str]:
@@ -249,7 +193,7 @@ def run_sglang_client(req: BenchRequest, *, python: str | None = None, timeout_s
     # client_s: the subprocess (its imports included); wall_s: the whole diagnostic (probe, sampling, client)
     rec.update(client=CLIENT, client_version=sglang_version(python), client_s=round(client_s, 3),
                wall_s=round(time.perf_counter() - start, 3),
-               seed=req.seed, requests_sha256=requests_digest(s.prompt for s in samples),
+               seed=req.seed, requests_sha256=requests_digest(samples),
                requests_sampled_by=client_version())
     return SglangRun(rec, client_s, log, dataset, result)
 

@@ -52,9 +52,13 @@ def _args_flags(a: EngineArgs) -> list[str]:
 
 
 def flags(spec: EngineSpec) -> list[str]:
-    """The args' flags, then the parsers' (args.extra is the caller's)."""
+    """The args' flags, then the parsers' (args.extra is the caller's), then the collective timeout."""
     return [*_args_flags(spec.args), *flag("reasoning-parser", spec.reasoning_parser),
-            *flag("tool-call-parser", spec.tool_call_parser)]
+            *flag("tool-call-parser", spec.tool_call_parser),
+            # ParallelConfig.distributed_timeout_seconds (vllm/config/parallel.py): the timeout
+            # vllm/v1/worker/gpu_worker.py init_worker_distributed_environment gives init_distributed_environment
+            # (NCCL groups); the gloo groups keep cpu_distributed_timeout_seconds, torch's 1800 s
+            *flag("distributed-timeout-seconds", spec.dist_timeout_s)]
 
 
 def program(python: str) -> list[str]:
@@ -152,6 +156,46 @@ class VllmAdapter:
                 return f"--attention-backend {ns.attention_backend}: {msg}"[:600], None
         return None, pf.options(self._parser, ns)
 
+    def attention(self, argv: list[str], *, linear: bool = False) -> dict[str, str] | None:
+        """The attention backends as vLLM resolves this command (vllm/engine/arg_utils.py
+        EngineArgs.create_engine_config: --attention-backend into the AttentionConfig of --attention-config):
+        ``backend`` serves every attention layer in both phases but an MLA layer's prefill, which is
+        ``mla_prefill_backend`` (vllm/v1/attention/backends/mla/prefill/selector.py). ``auto``: unset, so
+        vLLM picks for the platform at start-up. ``linear``: the model has linear-attention (KDA) layers, which
+        no attention backend serves: vLLM 0.32's Kimi KDA layer (model_executor/layers/mamba/gdn/
+        kimi_gdn_linear_attn.py) takes its prefill kernel from --additional-config kda_prefill_backend (auto:
+        triton, the only one it accepts) and decodes with the bundled flash-linear-attention Triton kernels
+        (fused_recurrent_kda), with no flag. None when the command does not parse."""
+        from vllm.config import AttentionConfig
+        ns, err = pf.parse(self._cli, argv)
+        if err or ns is None:
+            return None
+        try:
+            ac = ns.attention_config if isinstance(ns.attention_config, AttentionConfig) else \
+                AttentionConfig(**(ns.attention_config or {}))
+            backend = (AttentionConfig.validate_backend_before(ns.attention_backend)
+                       if getattr(ns, "attention_backend", None) else ac.backend)
+        except Exception:
+            return None
+        name = getattr(backend, "name", backend)
+        mla = getattr(ac.mla_prefill_backend, "name", ac.mla_prefill_backend)
+        out = {"prefill": str(name or "auto"), "prefill (MLA layers)": str(mla or "auto"),
+               "decode": str(name or "auto")}
+        if linear:
+            extra = ns.additional_config if isinstance(getattr(ns, "additional_config", None), dict) else {}
+            kda = str(extra.get("kda_prefill_backend", "auto"))
+            out |= {"linear prefill": "triton" if kda == "auto" else kda, "linear decode": "triton"}
+        return out
+
+    def env_problems(self, names: list[str]) -> dict[str, str]:
+        """Each VLLM_ variable of the engine's env vLLM does not know: one not in ``vllm.envs.environment_variables``,
+        what vLLM's own check at start-up warns about ("Unknown vLLM environment variable detected",
+        vllm/platforms/interface.py Platform.validate_environ)."""
+        from vllm import envs
+        return {n: f"vLLM {self.version} warns 'Unknown vLLM environment variable detected': not in "
+                   f"vllm.envs.environment_variables ({len(envs.environment_variables)} names)"
+                for n in names if n.startswith("VLLM_") and n not in envs.environment_variables}
+
     def reasoning_parsers(self) -> list[str]:
         from vllm.reasoning import ReasoningParserManager
         m = ReasoningParserManager
@@ -184,9 +228,18 @@ ENGINE = Engine(
     # vLLM 0.32 first, then older vLLM's spelling
     metrics={"running": ("vllm:num_requests_running",), "waiting": ("vllm:num_requests_waiting",),
              "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+             # the sum of histogram_iteration_tokens (vllm/v1/metrics/loggers.py PrometheusStatLogger): prompt +
+             # generated tokens of every engine step, what a hang stops (steps/client/stall.py)
+             "tokens_processed": ("vllm:iteration_tokens_total_sum", "vllm:generation_tokens_total"),
              "prefix_queries": ("vllm:prefix_cache_queries_total",), "prefix_hits": ("vllm:prefix_cache_hits_total",),
              "spec_drafts": ("vllm:spec_decode_num_drafts_total",),
              "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
-             "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",)},
+             "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
+             # PrometheusStatLogger's counters per engine step: the scheduler's preempted requests
+             # (iteration_stats.num_preempted_reqs), the prompt tokens of the requests that started (their whole
+             # prompt, cached part included) and the tokens generated; Gate 4 holds the last two to the client's
+             # own counts over each round (steps/evidence/stats.py token_counts)
+             "preemptions": ("vllm:num_preemptions_total",),
+             "prompt_tokens": ("vllm:prompt_tokens_total",), "generation_tokens": ("vllm:generation_tokens_total",)},
     # the one env value meant to be expanded: Kubernetes fills $(HOST_IP) before vLLM reads it
     host_ip_env="VLLM_HOST_IP")

@@ -23,8 +23,11 @@ from typing import Any
 from gauntlet.contract import CorruptVerdict, TransientError, UsageError, Verdict
 from gauntlet.contract.layout import RunLayout, verdict_path
 from gauntlet.steps.engines import find
+from gauntlet.steps.gates.regress import VERDICTS
+from gauntlet.steps.gates.shared_options import PASSED_PHASES, UPSTREAM
 
-__all__ = ["write_report", "build_report", "Written", "collect", "screen", "fair_ab", "render_markdown", "corrupt_line", "AB_OPTIONS"]
+__all__ = ["write_report", "build_report", "Written", "collect", "screen", "fair_ab", "render_markdown", "corrupt_line",
+           "not_passed", "AB_OPTIONS"]
 
 # What must match for two engines' numbers to share a table: the workload-defining options.
 # Kernel/back-end choices (attention/MoE backend, all-reduce, autotune, symm-mem) are how an
@@ -75,12 +78,102 @@ def _engine_of(rel: str, doc: Mapping[str, Any]) -> str:
 
 
 def perf_cases(verdicts: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    """engine -> case -> case record, from every perf verdict."""
+    """engine -> case -> case record, from every perf verdict but the climb's (its steps are not cases: they
+    are shown apart, :func:`perf_climbs`)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for rel, v in _by_gate(verdicts, "perf").items():
+        if v.get("metrics", {}).get("climb"):
+            continue
         for name, c in (v.get("metrics", {}).get("cases") or {}).items():
             out.setdefault(_engine_of(rel, v), {})[name] = c
     return out
+
+
+def perf_climbs(verdicts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """engine -> its climb to the highest concurrency meeting the SLO (perf --phase climb's metrics)."""
+    return {_engine_of(rel, v): v["metrics"]["climb"] for rel, v in _by_gate(verdicts, "perf").items()
+            if v.get("metrics", {}).get("climb")}
+
+
+def _pct(x: Any, nd: int = 0) -> str:
+    return "–" if x is None else f"{x:.{nd}%}"
+
+
+def _engine_figures_section(engine: str, cs: Mapping[str, Mapping[str, Any]], plots: Mapping[str, str]) -> list[str]:
+    """The engine's own /metrics over each round beside the client's counts, a row per round; why a figure is
+    missing under the table (once per reason); a plot per case."""
+    rows = [(n, r) for n, c in sorted(cs.items(), key=lambda kv: (kv[1].get("concurrency", 0), kv[0]))
+            for r in c.get("rounds", []) if "engine_notes" in r]
+    if not rows:
+        return []
+    L = [f"#### The engine's own metrics: {engine}", "",
+         "From its Prometheus /metrics over each round's window (the sampler's first scrape before the client's first "
+         "request, its last after the last reply): maxima of the gauges, growth of the counters. Tokens: the "
+         "client's count / the engine's.", "",
+         "| case | round | valid | KV usage max | running / waiting max | prefix hit rate | preemptions | "
+         "spec acceptance (length, rate) | output tokens | prompt tokens |", "|---|---|---|---|---|---|---|---|---|---|"]
+    why: dict[str, set[str]] = {}
+    for n, r in rows:
+        for col, reason in (r.get("engine_notes") or {}).items():
+            why.setdefault(str(reason), set()).add(col)
+        acc = (f"{_fmt(r.get('engine_spec_acceptance_length'), 2)}, {_fmt(r.get('engine_spec_acceptance_rate_pct'))}%"
+               if r.get("engine_spec_acceptance_length") is not None else "–")
+        agree = {True: "", False: " **disagree**", None: " (not compared)"}[r.get("token_counts_agree")]
+        L.append(f"| {_md(n)} | {r.get('round')} | {'yes' if r.get('valid') else 'no'} | "
+                 f"{_pct(r.get('engine_kv_usage_max'), 1)} | {_fmt(r.get('engine_running_max'), 0)} / "
+                 f"{_fmt(r.get('engine_waiting_max'), 0)} | {_pct(r.get('prefix_cache_hit_rate'), 1)} | "
+                 f"{_fmt(r.get('engine_preemptions'), 0)} | {acc} | {r.get('total_output_tokens', '–')} / "
+                 f"{_fmt(r.get('engine_generation_tokens'), 0)}{agree} | {r.get('total_input_tokens', '–')} / "
+                 f"{_fmt(r.get('engine_prompt_tokens'), 0)} |")
+    L.append("")
+    L += [f"- – in {', '.join(sorted(cols))}: {_md(reason)}" for reason, cols in sorted(why.items())]
+    L += [""] if why else []
+    for n in sorted(cs):
+        key = f"engine-{engine}-{n}"
+        if key in plots:
+            L += [f"![{engine} {n}: the engine's own metrics per round]({plots[key]})", ""]
+    return L
+
+
+def _slo_section(cs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each case's p99s against the profile's SLO and the client's own goodput (median of the valid rounds)."""
+    rows = [(n, c, c["slo"]) for n, c in sorted(cs.items(), key=lambda kv: (kv[1].get("concurrency", 0), kv[0]))
+            if isinstance(c.get("slo"), Mapping) and c["slo"].get("met") is not None]
+    if not rows:
+        return []
+    s0 = rows[0][2]
+    L = [f"Goodput under the SLO (p99 TTFT <= {_fmt(s0.get('ttft_p99_ms'), 0)} ms, p99 TPOT <= "
+         f"{_fmt(s0.get('tpot_p99_ms'), 0)} ms; goodput: the client's requests/s that met both):", "",
+         "| case | conc | TTFT p99 ms | TPOT p99 ms | SLO | goodput req/s | requests meeting it |", "|---|---|---|---|---|---|---|"]
+    for n, c, v in rows:
+        t = c.get("table") or {}
+        L.append(f"| {_md(n)} | {c.get('concurrency')} | {_fmt((t.get('p99_ttft_ms') or {}).get('median'), 0)} | "
+                 f"{_fmt((t.get('p99_tpot_ms') or {}).get('median'), 1)} | {'met' if v['met'] else '**missed**'} | "
+                 f"{_fmt(v.get('request_goodput'), 3)} | {_pct(v.get('good_share'))} |")
+    return L + [""]
+
+
+def _climb_section(climbs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The qualification's climb per engine: each step, where it stopped and why, the highest meeting the SLO."""
+    L: list[str] = []
+    for e, cl in sorted(climbs.items()):
+        slo = cl.get("slo") or {}
+        hi = cl.get("highest")
+        L += [f"### Highest load meeting the SLO: {e}", "",
+              f"**{'C' + str(hi) if hi is not None else 'no concurrency'}** meets p99 TTFT <= "
+              f"{_fmt(slo.get('ttft_p99_ms'), 0)} ms and TPOT <= {_fmt(slo.get('tpot_p99_ms'), 0)} ms on "
+              f"{_md(cl.get('shape'))}'s shape ({cl.get('input_len')}/{cl.get('output_len')}), climbing "
+              f"{', '.join(str(c) for c in slo.get('climb') or [])}. Stopped: {_md(cl.get('reason'))}"
+              + (f"; not measured: {', '.join(f'C{c}' for c in cl.get('not_run') or [])}" if cl.get("not_run") else "")
+              + ".", "", "| concurrency | out tok/s | TTFT p99 ms | TPOT p99 ms | step |", "|---|---|---|---|---|"]
+        for st in cl.get("steps") or []:
+            ok = (st.get("p99_ttft_ms") is not None and st["p99_ttft_ms"] <= slo.get("ttft_p99_ms", 0) and
+                  st.get("p99_tpot_ms") is not None and st["p99_tpot_ms"] <= slo.get("tpot_p99_ms", 0))
+            L.append(f"| {st.get('concurrency')} | {_fmt(st.get('output_throughput'))} | {_fmt(st.get('p99_ttft_ms'), 0)} "
+                     f"| {_fmt(st.get('p99_tpot_ms'), 1)} | "
+                     f"{_md(st['invalid']) if st.get('invalid') else 'meets the SLO' if ok else '**misses the SLO**'} |")
+        L.append("")
+    return L
 
 
 def perf_diagnostics(verdicts: Mapping[str, Any]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
@@ -138,8 +231,11 @@ def perf_meta(verdicts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def fair_ab(profile: Any, engines: list[str]) -> tuple[bool, str]:
-    """(comparable, why): the same topology (tp/ep/dp, nodes), context and options (pure)."""
+def fair_ab(profile: Any, engines: list[str],
+            attention: Mapping[str, Mapping[str, str] | None] | None = None) -> tuple[bool, str]:
+    """(comparable, why): the same topology (tp/ep/dp, nodes), context and options (pure). ``attention``: engine ->
+    its attention backends as Gate 0's engine-check resolved its command with the engine's own code; they stay
+    out of the rule (kernels are how an engine implements the experiment) but ``why`` says what each runs."""
     if len(engines) < 2:
         return False, "only one engine ran: nothing to compare"
     if profile is None:
@@ -152,26 +248,67 @@ def fair_ab(profile: Any, engines: list[str]) -> tuple[bool, str]:
     if diffs:
         return False, (f"{engines[0]} and {engines[1]} differ in {', '.join(diffs)} "
                        f"({'; '.join(f'{k}: {a.get(k)!r} vs {b.get(k)!r}' for k in diffs)})")
-    return True, f"same topology ({', '.join(f'{k}={a.get(k)}' for k in TOPOLOGY)}), context and options"
+    return True, (f"same topology ({', '.join(f'{k}={a.get(k)}' for k in TOPOLOGY)}), context and options"
+                  f"{_attention_text(engines[:2], attention or {})}")
+
+
+def _attention_text(engines: list[str], attention: Mapping[str, Mapping[str, str] | None]) -> str:
+    """What each engine runs for attention, compared: one profile value sets different knobs on different
+    engines (SGLang's --decode-attention-backend, vLLM's whole --attention-backend), and a phase left to the
+    engine (``auto``) is each engine's own choice, never the same kernel (pure)."""
+    missing = [e for e in engines if not attention.get(e)]
+    if missing:
+        return (f"; the attention backends {', '.join(missing)} run{'s' * (len(missing) == 1)} are not recorded "
+                "(Gate 0's engine-check resolves them)")
+    a, b = (attention[e] or {} for e in engines)
+    shown = "; ".join(f"{e} " + ", ".join(f"{k} {v}" for k, v in (attention[e] or {}).items()) for e in engines)
+    same = all(k in b and str(v).lower() == str(b[k]).lower() and v != "auto" for k, v in a.items()) and \
+        set(a) == set(b)
+    if same:
+        return f"; the same attention backends, as each engine resolves its command ({shown})"
+    return (f"; attention backends differ, as each engine resolves its command (kernels are the engine's, not the "
+            f"workload's; auto: the engine picks at start-up): {shown}")
 
 
 AB_METRICS = (("output_throughput", "out tok/s", 1), ("p50_ttft_ms", "TTFT p50 ms", 0),
               ("p99_tpot_ms", "TPOT p99 ms", 1), ("p99_e2el_ms", "E2E p99 ms", 0))
 
 
+def _request_sets(case: Mapping[str, Any]) -> set[str] | None:
+    """The digests of the request sets a case's valid rounds sent (steps/client/request_set.py); None when a
+    valid round recorded none (not drawn: the set is then assumed, not known) or none is valid (pure)."""
+    valid = [r for r in case.get("rounds") or [] if isinstance(r, Mapping) and r.get("valid")]
+    digests = {r.get("requests_sha256") for r in valid}
+    return None if not valid or None in digests else {str(d) for d in digests}
+
+
 def _ab_table(cases: Mapping[str, Mapping[str, Any]], a: str, b: str) -> list[str]:
     """Case x metric: both engines' median [min-max] over their rounds, the ratio, and whether the two
-    ranges are apart (every round of one beyond every round of the other) or overlap (pure)."""
+    ranges are apart (every round of one beyond every round of the other) or overlap (pure). A case whose two
+    engines sent different request sets is shown without a ratio, "not compared"; one whose request sets are
+    not recorded on both sides is named below the table: the same requests are assumed there, not checked."""
     lines = [f"| case | metric | {a} | {b} | {b} / {a} | rounds apart |", "|---|---|---|---|---|---|"]
+    unchecked: list[str] = []
     for name in sorted(set(cases[a]) & set(cases[b])):
+        sa, sb = _request_sets(cases[a][name]), _request_sets(cases[b][name])
+        differ = sa is not None and sb is not None and sa != sb
+        if sa is None or sb is None:
+            unchecked.append(name)
         for key, label, nd in AB_METRICS:
             ta, tb = (cases[e][name].get("table", {}).get(key) or {} for e in (a, b))
             if ta.get("median") is None or tb.get("median") is None:
+                continue
+            if differ:
+                lines.append(f"| {name} | {label} | {_cell(ta, nd)} | {_cell(tb, nd)} | – | not compared: different "
+                             f"requests ({a} `{', '.join(sorted(sa or ()))}`, {b} `{', '.join(sorted(sb or ()))}`) |")
                 continue
             ratio = tb["median"] / ta["median"] if ta["median"] else None
             apart = tb["min"] > ta["max"] or ta["min"] > tb["max"]
             lines.append(f"| {name} | {label} | {_cell(ta, nd)} | {_cell(tb, nd)} | "
                          f"{'–' if ratio is None else f'{ratio:.2f}x'} | {'yes' if apart else 'no: within noise'} |")
+    if unchecked:
+        lines += ["", f"Request sets not recorded on both engines for {', '.join(unchecked)}: the same requests are "
+                      "assumed there, not checked (each round records its digest when the client runs in-process)."]
     return lines
 
 
@@ -187,6 +324,83 @@ def _known_deviations(verdicts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def corrupt_line(rel: str, why: str) -> str:
     """How the report names a verdict file that is not a verdict."""
     return f"{verdict_path(PurePosixPath(rel))}: corrupt verdict ({why})"
+
+
+def _first_problem(d: Mapping[str, Any]) -> str | None:
+    """A verdict's first failing check, ``name: detail``, not counting ``upstream`` (the task failed because one
+    before it did); None when it has no other."""
+    for c in d.get("checks") or []:
+        if isinstance(c, dict) and c.get("status") in ("fail", "error") and c.get("name") != UPSTREAM:
+            return f"{c.get('name')}: {str(c.get('detail', ''))[:300]}"
+    return None
+
+
+def not_passed(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(task path, phase, what failed) of every task that did not pass, in the graph's order (pure).
+
+    The phases are the run's (``data["tasks"]``: the main DAG's, from the report's ``--upstream``) and each
+    engine sequence's (its teardown's ``upstream`` metrics: ``<engine>/<task>``); a failed verdict whose phase
+    nobody recorded (the teardown itself, a gate run by hand) is named too. What failed: the task's verdict's
+    first failing check; "ran anyway" for a task that fails only because one before it did not pass
+    (``upstream``); for a task without a verdict, why it has none."""
+    v = data.get("verdicts") or {}
+    corrupt = data.get("corrupt") or {}
+    inner: dict[str, dict[str, str]] = {}          # engine -> {<engine>/<task>: phase}, from its teardown
+    for rel, d in v.items():
+        up = (d.get("metrics") or {}).get("upstream")
+        engine, _, task = rel.partition("/")
+        if task == "teardown" and isinstance(up, dict):
+            inner[engine] = {f"{engine}/{k}": str(p) for k, p in up.items()}
+    by_start = sorted(set(v) | set(corrupt), key=lambda r: (str((v.get(r) or {}).get("started", "")), r))
+    ordered: list[tuple[str, str | None]] = []     # phase None: not recorded, judged by its verdict
+    for path, phase in (data.get("tasks") or {}).items():
+        ordered.append((str(path), str(phase)))
+        ordered += list(inner.pop(str(path), {}).items())
+        ordered += [(r, None) for r in by_start if r.startswith(f"{path}/")]
+    for rest in inner.values():
+        ordered += list(rest.items())
+    ordered += [(r, None) for r in by_start]
+
+    def bad(path: str, phase: str | None) -> bool:
+        if phase is not None:
+            return phase not in PASSED_PHASES
+        return path in corrupt or (v.get(path) or {}).get("status") in ("fail", "error")
+
+    rows: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for path, phase in ordered:
+        if path in seen or not bad(path, phase):
+            continue
+        seen.add(path)
+        d = v.get(path)
+        if path in corrupt:
+            why = corrupt_line(path, corrupt[path])
+        elif d is not None:
+            carried = any(isinstance(c, dict) and c.get("name") == UPSTREAM for c in d.get("checks") or [])
+            why = _first_problem(d) or ("ran anyway (it runs whatever happened before it); it fails only because a "
+                                        "task before it did not pass" if carried else
+                                        f"verdict {d.get('status')} with no failing check")
+        elif phase == "Omitted":
+            why = "not run: a task it depends on did not pass"
+        elif any(p.startswith(f"{path}/") and bad(p, ph) for p, ph in ordered):
+            why = "a task of its sequence did not pass (below)"
+        else:
+            why = "no verdict: the step wrote none (its pod was killed, timed out or never started; see its log)"
+        rows.append((path, phase or f"verdict {(d or {}).get('status', 'corrupt')}", why))
+    return rows
+
+
+def _not_passed_section(data: Mapping[str, Any]) -> list[str]:
+    rows = not_passed(data)
+    if not rows:
+        return (["## What did not pass", "", "Every task before the report passed or was skipped.", ""]
+                if data.get("tasks") else [])
+    failed = sum(ph != "Omitted" for _, ph, _ in rows)
+    L = ["## What did not pass", "",
+         f"This run did not pass: {failed} task(s) failed, {len(rows) - failed} not run (Omitted).", "",
+         "| task | phase | what failed |", "|---|---|---|"]
+    L += [f"| {_md(p)} | **{_md(ph)}** | {_md(why)} |" for p, ph, why in rows]
+    return [*L, ""]
 
 
 def _md(text: Any) -> str:
@@ -243,8 +457,9 @@ def _ladders(verdicts: Mapping[str, Any], profile: Any) -> dict[str, list[dict[s
             for r in profile.longctx.ladder:
                 if r.tokens not in ran:
                     ladders[e].append({"tokens": r.tokens, "expect": r.expect, "outcome": "not-run",
-                                       "label": "not run", "detail": "requires every lower rung to pass"
-                                       if r.requires_all_lower else "not run in this run", "probes": []})
+                                       "label": "not run", "detail": "requires every lower rung to pass, a probe "
+                                       "included" if r.requires_all_lower else "not run in this run",
+                                       "probes": [], "probe": r.probe})
     return ladders
 
 
@@ -386,12 +601,62 @@ def expert_load_section(engine: str, cs: Mapping[str, Mapping[str, Any]]) -> lis
     return L + [""] + sorted(set(notes))
 
 
+def final_regress(verdicts: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The final regress verdicts: the in-sequence suspect stage's labels are repeated (with the confirmation) there."""
+    return {k: d for k, d in _by_gate(verdicts, "regress").items() if d.get("metrics", {}).get("stage") != "suspect"}
+
+
+def _verdict(lb: Mapping[str, Any]) -> str:
+    """A stored label's verdict (a verdict written before verdicts were stored: from its label)."""
+    from gauntlet.steps.gates.regress import verdict_of
+    return str(lb.get("verdict") or verdict_of(str(lb.get("label"))))
+
+
+def _night_date(n: Mapping[str, Any]) -> str:
+    return str(n.get("date") or str(n.get("timestamp") or "?")[:10])
+
+
+def headline(data: Mapping[str, Any]) -> str:
+    """The report's first line (pure): for a nightly, the regression verdicts in one line (steps/gates/regress.py
+    ``summary``) and what did not pass; for the qualification, the gates, then the regression verdicts."""
+    from gauntlet.steps.gates.regress import summary
+
+    v = data["verdicts"]
+    labels = [lb for d in final_regress(v).values() for lb in (d.get("metrics") or {}).get("labels") or []]
+    regression = summary(labels)
+    statuses = [d.get("status") for d in v.values()]
+    failed = sum(s in ("fail", "error") for s in statuses) + len(data.get("corrupt") or {})
+    if data.get("run") == "nightly":
+        gates = f"; {failed} task(s) did not pass (below)" if failed else ""
+        return f"**Nightly**: {regression}{gates}."
+    gates = f"{sum(s == 'pass' for s in statuses)} task(s) pass, {failed} did not"
+    return f"**Qualification**: {gates}; regression: {regression}."
+
+
+def _left_out_section(data: Mapping[str, Any], profile: Any) -> list[str]:
+    """A nightly's report says what of the qualification it did not run, and why (Profile.nightly_left_out)."""
+    if data.get("run") != "nightly" or profile is None:
+        return []
+    n = profile.nightly
+    budget = f", {n.gpu_hours:g} GPU-h" if n.gpu_hours is not None else ""
+    L = ["## What this nightly left out", "",
+         f"The scheduled regression run ({n.window_h:g} h window{budget}): Gate 0, Gate 1, "
+         f"{', '.join(profile.nightly_engines())}: deploy, smoke, Gate 4 on "
+         f"{', '.join(c.name for c in profile.nightly_cases())} (with the confirm stage), regress, report, cleanup. "
+         "Left out, each measured by the qualification run (submitted by hand):", ""]
+    L += [f"- **{_md(what)}**: {_md(why)}" for what, why in profile.nightly_left_out()]
+    return [*L, ""]
+
+
 def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any = None,
                     plots: Mapping[str, str] | None = None) -> str:
     """The report text (pure over collected evidence)."""
     v = data["verdicts"]
     plots = plots or {}
-    L: list[str] = [f"# gauntlet run `{data['run_id']}`", ""]
+    L: list[str] = [f"# gauntlet run `{data['run_id']}`", "", headline(data), ""]
+    if plots.get("history"):
+        L += [f"[Nightly history]({plots['history']}): each regression case's trend, noise band and verdict "
+              "marks, night by night (opens in a browser, no network needed).", ""]
     if profile is not None:
         L += [f"Profile **{profile.name}**: {profile.description}", ""]
     order = sorted(v.items(), key=lambda kv: (kv[1].get("started", ""), kv[0]))
@@ -401,16 +666,19 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
           f"{sum(s == 'error' for s in statuses)} error, {sum(s == 'skip' for s in statuses)} skip"
           f"{f', {len(corrupt)} corrupt verdict(s)' if corrupt else ''}.", ""]
     L += [f"- {note}" for note in data.get("notes") or []] + ([""] if data.get("notes") else [])
+    L += _left_out_section(data, profile)
+    L += _not_passed_section(data)
     L += ["| task | gate | verdict | checks pass / fail / skip | first problem |", "|---|---|---|---|---|"]
     for rel, why in sorted(corrupt.items()):
         L.append(f"| {_md(rel)} | ? | **corrupt verdict** | – | {_md(corrupt_line(rel, why))} |")
     for rel, d in order:
         cs = d.get("checks", [])
-        n = {k: sum(c.get("status") == k for c in cs) for k in ("pass", "fail", "error", "skip")}
+        n = {k: sum(c.get("status") == k for c in cs) for k in ("pass", "fail", "error", "skip", "probe")}
         bad = next((c for c in cs if c.get("status") in ("fail", "error")), None)
         why = f"{bad['name']}: {str(bad.get('detail', ''))[:120]}".replace("|", "\\|") if bad else ""
+        probes = f" (+ {n['probe']} probe)" if n["probe"] else ""    # Gate 5's probe rungs: shown, never failing
         L.append(f"| {rel} | {d.get('gate')} | **{d.get('status')}** | {n['pass']} / {n['fail'] + n['error']} / "
-                 f"{n['skip']} | {why} |")
+                 f"{n['skip']}{probes} | {why} |")
     L.append("")
 
     # environment
@@ -466,6 +734,8 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
     for e, cs in cases.items():
         L += [f"### {e}", "", *_perf_table(cs), ""]
         L += _resources_table(cs)
+        L += _slo_section(cs)
+        L += _engine_figures_section(e, cs, plots)
         res = [r.get("resources") or {} for c in cs.values() for r in c.get("rounds", [])]
         if res:
             L.append(f"- sampled: GPU {_md(res[0].get('gpu_source'))}; headroom min "
@@ -478,14 +748,16 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
     for key in ("throughput", "latency"):
         if key in plots:
             L += [f"![{key}]({plots[key]})", ""]
+    L += _climb_section(perf_climbs(v))
     # the baseline first: the comparison reads "experimental / baseline"
     order = profile.engine_order() if profile is not None else []
     engines = sorted(cases, key=lambda e: (order.index(e) if e in order else len(order), e))
-    ok, why = fair_ab(profile, engines)
+    ok, why = fair_ab(profile, engines, {_engine_of(rel, d): d.get("metrics", {}).get("attention")
+                                         for rel, d in _by_gate(v, "engine-check").items()})
     if len(engines) >= 2:
         L += ["### Engine comparison", ""]
         if ok:
-            L += [f"Fair A/B: {why}; one client, the same seed and requests.", ""]
+            L += [f"Fair A/B: {why}; one client, the same seed, and per case the request sets' digests compared.", ""]
             L += _ab_table(cases, engines[0], engines[1]) + [""]
             devs = _known_deviations(v)
             for e in engines:
@@ -503,10 +775,17 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
     if not ladders:
         L += ["No ladder in this run.", ""]
     for e, rungs in ladders.items():
-        L += [f"### {e}", "", "| tokens | expect | outcome | detail | prompt tokens |", "|---|---|---|---|---|"]
+        L += [f"### {e}", "", "| tokens | expect | outcome | detail | prompt tokens | GPU memory (peak GiB) |",
+              "|---|---|---|---|---|---|"]
         for r in sorted(rungs, key=lambda x: x["tokens"]):
             pt = ", ".join(str(p.get("prompt_tokens")) for p in r.get("probes", []) if p.get("prompt_tokens"))
-            L.append(f"| {r['tokens']} | {r['expect']} | {r['label']} | {r['detail']} | {pt or '–'} |")
+            # a probe (Rung.probe) is shown as one: its result never failed the gate
+            expect = f"{r['expect']}, probe" if r.get("probe") else r["expect"]
+            mem = (r.get("memory") or {}).get("used_gib_max")
+            mem_cell = f"{mem:.1f}: {r.get('memory_detail', '')}" if mem is not None else (
+                r.get("memory_detail") or "–")
+            L.append(f"| {r['tokens']} | {expect} | {r['label']} | {_md(r['detail'])} | {pt or '–'} | "
+                     f"{_md(mem_cell)} |")
         L.append("")
         L += _restart_lines(v, e)
     if "ladder" in plots:
@@ -528,16 +807,18 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
             pv = verdicts.get(phase) or {}
             L += [f"**{phase.replace('_', ' ')} phase, baseline vs variant on the same workload** "
                   f"(expected: {pv.get('expected') or '–'}): **{pv.get('verdict') or '–'}**. {pv.get('why') or ''}", "",
-                  "| case | out tok/s baseline → variant | TTFT p99 ms | E2E p99 ms | out tok/s rounds: baseline / variant |",
-                  "|---|---|---|---|---|"]
+                  "| case | out tok/s baseline → variant | TTFT p99 ms | TPOT p99 ms | ITL p99 ms | E2E p99 ms | "
+                  "out tok/s rounds: baseline / variant |",
+                  "|---|---|---|---|---|---|---|"]
             for r in rows:
                 def pair(k: str, r: Mapping[str, Any] = r) -> str:
-                    x = r[k]
+                    x = r.get(k) or {}      # evidence older than the TPOT/ITL rule has no such column
                     ch = f" ({x['change_rel']:+.1%})" if x.get("change_rel") is not None else ""
-                    return f"{_fmt(x['baseline'])} → {_fmt(x['variant'])}{ch}"
+                    return f"{_fmt(x.get('baseline'))} → {_fmt(x.get('variant'))}{ch}" if x else "–"
                 br = r["output_throughput"].get("baseline_range") or [None, None]
                 vr = r["output_throughput"].get("variant_range") or [None, None]
                 L.append(f"| {r['case']} | {pair('output_throughput')} | {pair('p99_ttft_ms')} | "
+                         f"{pair('p99_tpot_ms')} | {pair('p99_itl_ms')} | "
                          f"{pair('p99_e2el_ms')} | {_fmt(br[0])}–{_fmt(br[1])} / {_fmt(vr[0])}–{_fmt(vr[1])} |")
             L.append("")
         for phase, tables in (m.get("tables") or {}).items():
@@ -552,7 +833,8 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
                          f"{', '.join(f'{h:.0%}' for h in hr) or '–'} / {', '.join(f'{h:.0%}' for h in bh) or '–'} |")
             L.append("")
         spec = m.get("speculative") or {}
-        if any((s or {}).get("acceptance_rate_pct") is not None for s in spec.values()):
+        # SGLang counts no accepted drafts (no rate), only its acceptance length: either one shows the table
+        if any((s or {}).get(k) is not None for s in spec.values() for k in ("acceptance_rate_pct", "acceptance_length")):
             L += ["| case | acceptance rate % | acceptance length | draft tokens | engine RSS max: variant / baseline | "
                   "GPU memory used max: variant / baseline |", "|---|---|---|---|---|---|"]
             for case, s in spec.items():
@@ -564,38 +846,42 @@ def render_markdown(data: Mapping[str, Any], profile: Any = None, history: Any =
 
     # regression
     L += ["## Nightly regression", ""]
-    # the final verdict only: the in-sequence suspect stage's labels are repeated (with the confirmation) there
-    reg = {k: d for k, d in _by_gate(v, "regress").items() if d.get("metrics", {}).get("stage") != "suspect"}
+    reg = final_regress(v)
     labels = [lb for d in reg.values() for lb in d.get("metrics", {}).get("labels", [])]
     if not labels:
         L += ["No regression verdict in this run." if not reg else
               str((next(iter(reg.values())).get("checks") or [{}])[0].get("detail", "")), ""]
     else:
-        L += ["A night worse than its history's band is *suspected*; the run then measures that case again on fresh "
-              "rounds, and only a *confirmed* suspicion is labelled regressed (docs/regression.md).", "",
-              "| engine | case | metric | label | value | history median | change | nights | suspected | "
+        L += ["Each case and metric is one of **regressed**, **suspicious**, **no regression** or **insufficient "
+              "data**. A night worse than its history's band is suspected; the run then measures that case again on "
+              "fresh rounds, and only a *confirmed* suspicion is regressed and fails the gate; one the fresh rounds "
+              "do not confirm is suspicious (docs/regression.md).", "",
+              "| engine | case | metric | verdict | note | value | history median | change | nights | "
               "confirmation (rounds) | confirmation change |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for lb in labels:
+        rank = {name: i for i, name in enumerate(VERDICTS)}
+        for lb in sorted(labels, key=lambda x: rank.get(_verdict(x), len(rank))):
             ch = f"{lb['change_rel']:+.1%}" if lb.get("change_rel") is not None else "–"
             cch = f"{lb['confirm_change_rel']:+.1%}" if lb.get("confirm_change_rel") is not None else "–"
             conf = (f"{_fmt(lb.get('confirm_value'), 2)} ({lb.get('confirm_rounds')})" if lb.get("confirm_rounds")
                     else "–")
-            L.append(f"| {lb['engine']} | {lb['case']} | {lb['metric']} | **{lb['label']}** | {_fmt(lb.get('value'), 2)} "
-                     f"| {_fmt(lb.get('centre'), 2)} | {ch} | {lb.get('nights')} | "
-                     f"{'yes' if lb.get('suspected') else 'no'} | {conf} | {cch} |")
+            L.append(f"| {lb['engine']} | {lb['case']} | {lb['metric']} | **{_verdict(lb)}** | "
+                     f"{_md(lb.get('note') or '')} | {_fmt(lb.get('value'), 2)} "
+                     f"| {_fmt(lb.get('centre'), 2)} | {ch} | {lb.get('nights')} | {conf} | {cch} |")
         L.append("")
         origins: dict[str, tuple[list[str], dict[str, Any]]] = {}   # one line per case and origin
         for lb in labels:
             o = lb.get("origin") or {}
-            if o.get("last_good"):
+            if o.get("first_bad"):
                 key = f"{lb['engine']}/{lb['case']} " + json.dumps(o, sort_keys=True, default=str)
-                origins.setdefault(key, ([], o))[0].append(lb["metric"])
+                origins.setdefault(key, ([], o))[0].append(f"{lb['metric']} {_verdict(lb)}")
         for key, (metrics, o) in origins.items():
             what = "; ".join(f"{k}: `{v['last_good']}` → `{v['first_bad']}`" for k, v in o["differed"].items())
+            good, first = o.get("last_good"), o["first_bad"]
+            same = ("nothing recorded differs (image digest, engine args, driver, nodes, model, git revision)"
+                    if good else "nothing to compare it with")
             L += [f"Where {key.split(' ')[0]} ({', '.join(metrics)}) changed: last good night "
-                  f"{o['last_good']['run_id']} ({o['last_good'].get('timestamp') or '?'}), first bad night "
-                  f"{o['first_bad']['run_id']} ({o['first_bad'].get('timestamp') or '?'}); "
-                  f"{what or 'same image digest, engine args, model, git revision and nodes'}.", ""]
+                  + (f"{good['run_id']} ({_night_date(good)})" if good else "none in the window")
+                  + f", first bad night {first['run_id']} ({_night_date(first)}); {what or same}.", ""]
         rounds = {k: r for d in reg.values() for k, r in ((d.get("metrics") or {}).get("rounds") or {}).items()}
         suspected = sorted({f"{lb['engine']}/{lb['case']}" for lb in labels if lb.get("suspected")})
         for key in suspected:
@@ -660,10 +946,15 @@ def _plots(run_dir: Path, data: Mapping[str, Any], profile: Any, history: Any) -
         drawn = _telemetry_plot(run_dir, e, cs, plt)
         if drawn:
             out[f"telemetry-{e}"] = drawn
+        for name, case_rec in cs.items():
+            drawn = _engine_metrics_plot(run_dir, e, name, case_rec, plt)
+            if drawn:
+                out[f"engine-{e}-{name}"] = drawn
 
     ladders = [(e, r) for e, rs in _ladders(data["verdicts"], profile).items() for r in rs]
     if ladders:
-        colors = {"passed": "tab:green", "missed": "tab:red", "refused": "tab:orange", "error": "black",
+        colors = {"passed": "tab:green", "missed": "tab:red", "exhausted": "tab:brown", "refused": "tab:orange",
+                  "error": "black",
                   "blocked": "tab:purple", "not-run": "lightgrey"}
         fig, ax = plt.subplots(figsize=(6, 3))
         engines = sorted({e for e, _ in ladders})
@@ -757,6 +1048,43 @@ def _telemetry_plot(run_dir: Path, engine: str, cs: Mapping[str, Mapping[str, An
     return fname
 
 
+def _engine_metrics_plot(run_dir: Path, engine: str, case: str, c: Mapping[str, Any], plt: Any) -> str | None:
+    """One case's rounds as the engine saw them: KV usage at its peak, running and waiting requests at their
+    peak, and the prefix-cache hit rate, per round (nothing drawn where the engine reported none of them)."""
+    rounds = [r for r in c.get("rounds", []) if "engine_notes" in r]
+    panels = (("KV usage max", ("engine_kv_usage_max",), True), ("requests max", ("engine_running_max",
+              "engine_waiting_max"), False), ("prefix-cache hit rate", ("prefix_cache_hit_rate",), True))
+    if not rounds or not any(r.get(k) is not None for r in rounds for _, ks, _ in panels for k in ks):
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(11, 2.8))
+    xs = [r.get("round") for r in rounds]
+    for ax, (title, keys, frac) in zip(axes, panels, strict=True):
+        drawn = False
+        for k in keys:
+            pts = [(x, r[k]) for x, r in zip(xs, rounds, strict=True) if r.get(k) is not None]
+            if pts:
+                drawn = True
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=k.replace("engine_", "")
+                        .replace("_max", ""))
+        if not drawn:
+            ax.text(0.5, 0.5, "no reading (the table says why)", ha="center", va="center", transform=ax.transAxes, color="grey")
+        if frac:
+            ax.set_ylim(0, 1)
+        else:
+            ax.set_ylim(bottom=0)
+            ax.legend(fontsize=7)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set(title=title, xlabel="round")
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{engine} {case}: the engine's own /metrics per round", fontsize=10)
+    fig.tight_layout()
+    fname = f"engine-{engine}-{case}.png"
+    fig.savefig(run_dir / fname, dpi=90)
+    plt.close(fig)
+    return fname
+
+
 def trend_series(history: list[Mapping[str, Any]], metric: str = "output_throughput"
                  ) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """(engine, case) -> nights oldest first: date, night median, and the band regress would have drawn
@@ -832,6 +1160,25 @@ def _quarantined(data: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _history_page(out: Path, data: dict[str, Any], profile: Any, stored: list[dict[str, Any]],
+                  plots: dict[str, str]) -> None:
+    """history.html beside report.md (steps/evidence/history.py), judged by this run's regress rule."""
+    from dataclasses import fields
+
+    from gauntlet.steps.evidence.history import write_history
+    from gauntlet.steps.gates.regress import DEFAULT_RULE, Rule
+
+    rule = DEFAULT_RULE
+    for d in final_regress(data["verdicts"]).values():
+        got = (d.get("metrics") or {}).get("rule")
+        if isinstance(got, dict):
+            rule = Rule(**{f.name: got[f.name] for f in fields(Rule) if f.name in got})
+    try:
+        plots["history"] = write_history(out, stored, profile=profile, rule=rule).name
+    except Exception as exc:  # noqa: BLE001 - a page that does not draw leaves the report whole
+        data["notes"] = [*data.get("notes", []), f"history page not drawn: {type(exc).__name__}: {str(exc)[:200]}"]
+
+
 @dataclass(frozen=True)
 class Written:
     """What :func:`build_report` wrote and what it found wrong on the way (each one line)."""
@@ -847,8 +1194,11 @@ def write_report(run_dir: str | Path, results: Any = None, *, profile: Any = Non
 
 
 def build_report(run_dir: str | Path, results: Any = None, *, profile: Any = None,
-                 out: Path | None = None) -> Written:
-    """:func:`write_report`, returning what it found wrong as well."""
+                 out: Path | None = None, tasks: Mapping[str, str] | None = None, run: str = "qualification"
+                 ) -> Written:
+    """:func:`write_report`, returning what it found wrong as well. ``tasks``: the phase each task of the main
+    DAG ended in (the report step's ``--upstream``), for "What did not pass". ``run``: the qualification or the
+    nightly (whose report says what it left out of the qualification, and why)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} does not exist")
@@ -856,8 +1206,12 @@ def build_report(run_dir: str | Path, results: Any = None, *, profile: Any = Non
     out.mkdir(parents=True, exist_ok=True)
     profile = profile or _profile_of(run_dir)
     data = screen(collect(run_dir), profile)
+    if tasks:
+        data["tasks"] = dict(tasks)
+    data["run"] = run
     quarantined = _quarantined(data)
     history = None
+    stored: list[dict[str, Any]] | None = None      # the profile's baseline rows, both phases: the history page
     if results is not None:
         uri = results
     elif profile is not None:
@@ -865,20 +1219,20 @@ def build_report(run_dir: str | Path, results: Any = None, *, profile: Any = Non
     else:
         uri = os.environ.get("GAUNTLET_RESULTS_URI")
     if isinstance(uri, (str, Path)):
+        from gauntlet.steps.evidence.history import STORE_COLUMNS
         from gauntlet.steps.evidence.results import load_rounds
         try:
-            got = load_rounds(uri, profile=profile.name if profile is not None else None,
-                              columns=["run_id", "engine", "case", "valid", "timestamp", "output_throughput",
-                                       "experiment", "phase"])
-            history = [r for r in got.table.to_pylist() if (r.get("experiment") or "baseline") == "baseline"
-                       and r.get("phase") == "measure"]
+            got = load_rounds(uri, profile=profile.name if profile is not None else None, columns=STORE_COLUMNS)
+            stored = [r for r in got.table.to_pylist() if (r.get("experiment") or "baseline") == "baseline"]
+            history = [r for r in stored if r.get("phase") == "measure"]
             quarantined += [q.line() for q in got.quarantined]
         except (OSError, TransientError) as exc:      # a bad URI (UsageError) still stops the step: exit 2
             history = None
             data["notes"] = [*data.get("notes", []), f"nightly trend not drawn: the results store did not read "
                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"]
     elif uri is not None:
-        history = list(uri)
+        stored = [r for r in uri if (r.get("experiment") or "baseline") == "baseline"]
+        history = [r for r in stored if r.get("phase", "measure") == "measure"]
     if quarantined:
         data["quarantined"] = quarantined
         data["notes"] = [*data.get("notes", []), *(f"results store: quarantined {_md(q)}; its rows are out of "
@@ -888,6 +1242,8 @@ def build_report(run_dir: str | Path, results: Any = None, *, profile: Any = Non
     except Exception as exc:  # noqa: BLE001 - evidence that draws no plot still gets its report
         plots = {}
         data["notes"] = [*data.get("notes", []), f"plots not drawn: {type(exc).__name__}: {str(exc)[:200]}"]
+    if stored is not None:
+        _history_page(out, data, profile, stored, plots)
     try:
         md = render_markdown(data, profile, history, plots)
     except Exception as exc:  # noqa: BLE001 - verdicts that read alone but not together: gates and checks only

@@ -57,7 +57,7 @@ _META = [
     ("timestamp", pa.string()), ("client", pa.string()), ("client_version", pa.string()),
     ("image", pa.string()), ("image_digest", pa.string()), ("args_hash", pa.string()),
     ("model_fingerprint", pa.string()), ("git_rev", pa.string()), ("topology", pa.string()), ("nodes", pa.string()),
-    ("context_length", pa.int64()), ("experiment", pa.string()), ("phase", pa.string()),
+    ("driver", pa.string()), ("context_length", pa.int64()), ("experiment", pa.string()), ("phase", pa.string()),
     ("case", pa.string()), ("input_len", pa.int64()), ("output_len", pa.int64()), ("concurrency", pa.int64()),
     ("prefix_len", pa.int64()), ("round", pa.int64()), ("valid", pa.bool_()), ("invalid_reason", pa.string()),
 ]
@@ -69,11 +69,23 @@ _NUM = [
     *[(k, pa.float64()) for k in LATENCY_METRICS], *[(k, pa.float64()) for k in SPEC_METRICS],
     ("headroom", pa.float64()), ("client_ceiling", pa.float64()), ("client_bound", pa.bool_()),
     ("first_ttft_ms", pa.float64()), ("cold_start", pa.bool_()),
+    # the request set the client sent (steps/client/request_set.py): two engines' rounds of a case compare only
+    # where theirs agree; null where it was not drawn
+    ("requests_sha256", pa.string()),
     ("cpu_util_mean", pa.float64()), ("gpu_util_mean", pa.float64()),
     ("gpu_mem_used_frac_max", pa.float64()), ("gpu_power_w_max", pa.float64()),
     ("engine_rss_bytes_max", pa.float64()), ("engine_kv_usage_max", pa.float64()),
     ("engine_running_max", pa.float64()), ("engine_waiting_max", pa.float64()),
     ("prefix_cache_hit_rate", pa.float64()), ("net_rx_bytes", pa.int64()), ("net_tx_bytes", pa.int64()),
+    # the engine's own figures over the round beside the client's (steps/evidence/stats.py ENGINE_COLUMNS; the
+    # same for every engine, null where it reports none and engine_notes, a JSON object, says why)
+    ("engine_kv_usage_mean", pa.float64()), ("engine_preemptions", pa.float64()),
+    ("engine_spec_acceptance_rate_pct", pa.float64()), ("engine_spec_acceptance_length", pa.float64()),
+    ("engine_prompt_tokens", pa.float64()), ("engine_generation_tokens", pa.float64()),
+    ("token_counts_agree", pa.bool_()), ("token_counts_detail", pa.string()), ("engine_notes", pa.string()),
+    # the client's goodput against the profile's SLO (bench.slo), and whether the round's p99s met it
+    ("request_goodput", pa.float64()), ("slo_ttft_p99_ms", pa.float64()), ("slo_tpot_p99_ms", pa.float64()),
+    ("slo_met", pa.bool_()),
 ]
 SCHEMA = pa.schema(_META + _NUM)
 # per round and rank, from the sampler beside the rank (steps/cluster/rank_telemetry.py); GB/s are 1e9 bytes/s

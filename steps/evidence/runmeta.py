@@ -20,7 +20,8 @@ from gauntlet.contract.layout import RunLayout
 from gauntlet.params.models import EngineSpec, Profile
 from gauntlet.steps.client.bench import client_version
 
-__all__ = ["run_dir_of", "run_meta", "topology", "model_fingerprint", "git_rev", "client_version"]
+__all__ = ["run_dir_of", "run_meta", "topology", "topology_parts", "model_fingerprint", "git_rev", "client_version", "driver",
+           "NO_DRIVER"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,11 +39,47 @@ def topology(profile: Profile, spec: EngineSpec) -> str:
     return f"tp{a.tp_size}-ep{a.ep_size or 1}-dp{a.dp_size or 1}-nodes{nodes}"
 
 
+def topology_parts(text: str) -> dict[str, int]:
+    """:func:`topology`'s string read back (pure): ``tp8-ep16-dp1-nodes2`` -> {tp: 8, ep: 16, dp: 1, nodes: 2};
+    a part that is not of that form is left out."""
+    out = {}
+    for part in text.split("-"):
+        name = part.rstrip("0123456789")
+        if name in ("tp", "ep", "dp", "nodes") and part[len(name):].isdigit():
+            out[name] = int(part[len(name):])
+    return out
+
+
 def nodes(profile: Profile) -> str:
     """The machines the engine ran on: the profile's pool nodes on a cluster, this host locally."""
     if profile.hardware.nodes:
         return ",".join(sorted(n.name for n in profile.hardware.nodes))
     return socket.gethostname()
+
+
+NO_DRIVER = "none"       # a profile without GPUs (the local CPU run): no NVIDIA driver in the measurement
+
+
+def driver(run_dir: Path, profile: Profile) -> str:
+    """The NVIDIA driver the engines ran on: Gate 1's per-node inventory in this run (the ``nodes-<i>`` tasks'
+    verdicts, their ``driver``), the distinct versions joined by ``,``; ``none`` on a profile without GPUs;
+    else NVML on this host (a one-machine GPU run without Gate 1); else ``unknown``."""
+    seen = set()
+    for f in sorted(Path(run_dir).glob("nodes-*/verdict.json")):
+        try:
+            got = Verdict.read(f.parent).metrics.get("driver")
+        except CorruptVerdict:
+            continue
+        if isinstance(got, str) and got:
+            seen.add(got)
+    if seen:
+        return ",".join(sorted(seen))
+    if profile.hardware.gpus_per_node == 0:
+        return NO_DRIVER
+    from gauntlet.steps.cluster.gpu import inventory_from_nvml
+
+    inv = inventory_from_nvml()
+    return inv.driver if inv is not None and inv.driver else "unknown"
 
 
 def git_rev() -> str:
@@ -101,6 +138,7 @@ def run_meta(out: Path, profile: Profile, engine: str, *, spec: EngineSpec | Non
         "git_rev": git_rev(),
         "topology": topology(profile, spec),
         "nodes": nodes(profile),
+        "driver": driver(run_dir, profile),
         "context_length": spec.args.context_length,
         "experiment": experiment,
     }

@@ -6,6 +6,11 @@ longctx task sees what an earlier one restarted) and restarts it with ``deploy.O
 (same args otherwise) through :func:`gauntlet.steps.backends.backend_for` ``.restart``. Each restart is kept
 as a :class:`Restart` for the gate's evidence. Which rung needs which context is
 :func:`gauntlet.steps.gates.longctx.plan_context`'s decision, not this module's.
+
+A restart that came up is read once more: its rank logs (``<evidence>/logs/*.log`` on Kubernetes,
+``<evidence>/engine.log`` locally) are searched for the engine's own "the KV pool cannot hold one request of
+this context" line (``Engine.kv_pool_capped``; SGLang's ``TpModelWorker.get_worker_info`` warning), kept as
+``Restart.kv_pool``: the engine answers, but a rung of that context would be refused or truncated.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from typing import Any
 
 from gauntlet.contract import GauntletError, TransientError
 from gauntlet.steps.backends import backend_for
+from gauntlet.steps.engines import engine as engine_of
 from gauntlet.steps.engines.commands import args_hash
 
-__all__ = ["Restart", "EngineContext"]
+__all__ = ["Restart", "EngineContext", "kv_pool_capped"]
 
 
 @dataclass
@@ -35,6 +41,24 @@ class Restart:
     argv: list[str] = field(default_factory=list)
     evidence: str = ""                  # the restart's deploy directory
     detail: str = ""
+    kv_pool: str = ""                   # the engine's "KV pool holds fewer tokens than the context" log line
+
+
+def kv_pool_capped(engine: str, evidence: Path) -> str:
+    """``<log file>: <line>`` for the first line of the restart's logs where the engine says its KV pool holds
+    fewer tokens than the context it now serves (``Engine.kv_pool_capped``), or '' (none, or no such line)."""
+    pattern = engine_of(engine).kv_pool_capped
+    if pattern is None:
+        return ""
+    for log in sorted(Path(evidence).rglob("*.log")):
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if pattern.search(line):
+                return f"{log.name}: {line.strip()[:400]}"
+    return ""
 
 
 class EngineContext:
@@ -78,4 +102,5 @@ class EngineContext:
                      f"ready at context {context} after {rs.seconds:.1f}s (start-up {rs.startup_s}s)")
         if rs.ok:
             self.context = context
+            rs.kv_pool = kv_pool_capped(self.engine, Path(rs.evidence))
         return rs

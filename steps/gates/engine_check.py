@@ -8,7 +8,10 @@ registered; the parser accepts every planned flag and value (vLLM: its serve-arg
 validation and its attention-backend config too; SGLang: its speculative-algorithm
 registry too); the ranks differ only in placement (node rank, rendezvous address,
 host); each variant parses and changes one group of the engine's options; the
-parser names are registered.
+parser names are registered; the engine's ``__version__`` is the one params/images.yaml
+records for the image (``engine-version``); every variable of the engine's own prefix in
+its env is one the engine reads (``engine-env``: SGLang's ``sglang.srt.environ`` registry,
+vLLM's ``vllm.envs``).
 
 Each engine's adapter (its registry entry's ``checker``: ``VllmAdapter`` in :mod:`gauntlet.steps.engines.vllm`,
 ``SglangAdapter`` in :mod:`gauntlet.steps.engines.sglang`, ``LlamaCppAdapter`` in
@@ -28,10 +31,11 @@ from gauntlet.params.models import Profile
 from gauntlet.steps.gate import Needs
 from gauntlet.steps.engines import ENGINES, engine as engine_of
 from gauntlet.steps.gates.shared_options import engine_option
-from gauntlet.steps.engines.commands import Placement, apply_change, engine_command, engine_program
+from gauntlet.params import load_images
+from gauntlet.steps.engines.commands import Placement, apply_change, engine_command, engine_env, engine_program
 from gauntlet.steps.options import GateOptions, option
 
-__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "planned_argvs", "collect", "judge"]
+__all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "planned_argvs", "collect", "judge", "has_linear_attention", "LINEAR_KINDS"]
 
 NAME = "engine-check"
 HELP = "Gate 0: the engine image registers the architecture and its own parser accepts every planned flag"
@@ -57,10 +61,15 @@ def planned_argvs(profile: Profile, engine: str, model_path: str) -> dict[str, l
             for label, s in specs.items() for k, p in ranks.items()}
 
 
-def collect(adapter: Any, argvs: dict[str, list[str]]) -> dict[str, Any]:
-    """Facts through one adapter; each query's failure is recorded, not raised."""
+def collect(adapter: Any, argvs: dict[str, list[str]], env_names: list[str] | None = None,
+            pinned: dict[str, str] | None = None, *, linear: bool = False) -> dict[str, Any]:
+    """Facts through one adapter; each query's failure is recorded, not raised. ``env_names``: the variables the
+    engine's pods get (judged by the adapter's ``env_problems``, where it has one); ``pinned``: the image's key
+    and the version params/images.yaml records for it; ``linear``: the model has linear-attention layers
+    (:func:`has_linear_attention`), whose kernels the attention facts name too."""
     facts: dict[str, Any] = {"engine": adapter.engine, "version": adapter.version, "parse": {}, "options": {},
-                             "argv": argvs, "rank_flags": sorted(adapter.rank_flags), "groups": {}}
+                             "argv": argvs, "rank_flags": sorted(adapter.rank_flags), "groups": {},
+                             "pinned": pinned}
     for key, fn in (("architectures", adapter.architectures), ("reasoning_parsers", adapter.reasoning_parsers),
                     ("tool_parsers", adapter.tool_parsers)):
         try:
@@ -75,7 +84,58 @@ def collect(adapter: Any, argvs: dict[str, list[str]]) -> dict[str, Any]:
     facts["defaults"] = {f: adapter.default_of(f) for f in sorted(flags)}
     facts["rules"] = getattr(adapter, "rules", None)
     facts["rules_missing"] = getattr(adapter, "rules_missing", None)
+    facts["env_names"] = sorted(env_names or [])
+    facts["env_problems"] = None
+    if hasattr(adapter, "env_problems"):
+        try:
+            facts["env_problems"] = adapter.env_problems(facts["env_names"])
+        except Exception as exc:
+            facts["env_problems_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    # what the baseline's first rank runs for attention, as the engine resolves it (the report shows it beside
+    # the A/B table: one profile value sets different knobs on different engines)
+    facts["attention"] = (adapter.attention(next(iter(argvs.values())), linear=linear)
+                          if hasattr(adapter, "attention") else None)
     return facts
+
+
+# layer kinds (the profile's words, architecture.layer_kinds) that no softmax attention backend serves: Kimi
+# Linear's KDA, Qwen3-Next's gated delta net (its config's layer_types "linear_attention")
+LINEAR_KINDS = frozenset({"kda", "gdn", "linear_attention"})
+
+
+def has_linear_attention(profile: Profile) -> bool:
+    """Does the profile's model have linear-attention layers (a kind of :data:`LINEAR_KINDS` counted above 0)?"""
+    return any(n and k in LINEAR_KINDS for k, n in (profile.model.architecture.layer_kinds or {}).items())
+
+
+def _version_check(facts: dict[str, Any]) -> Check:
+    """The engine the image holds is the version params/images.yaml pins for it: the adapter's flags, reply
+    rules and registries were checked against that one."""
+    eng, have, pinned = facts["engine"], facts.get("version"), facts.get("pinned")
+    if not pinned:
+        return Check("engine-version", "skip", None, have, f"no pinned version given for {eng} (params/images.yaml)")
+    want, image = pinned.get("version"), pinned.get("image")
+    if have == want:
+        return Check("engine-version", "pass", want, have,
+                     f"{eng} {have} is the version params/images.yaml pins for image {image!r}")
+    return Check("engine-version", "fail", want, have,
+                 f"the image's {eng} reports __version__ {have!r}, but params/images.yaml pins image {image!r} at "
+                 f"{want!r}: re-pin the image to a build of {want}, or check gauntlet's {eng} adapter against "
+                 f"{have} and record that version")
+
+
+def _env_check(facts: dict[str, Any]) -> Check:
+    eng, names, problems = facts["engine"], facts.get("env_names") or [], facts.get("env_problems")
+    if facts.get("env_problems_error"):
+        return Check("engine-env", "error", names, None, f"cannot read {eng}'s env registry: "
+                     f"{facts['env_problems_error']}")
+    if problems is None:
+        return Check("engine-env", "skip", None, None, f"{eng} has no env registry gauntlet reads")
+    if problems:
+        return Check("engine-env", "fail", "variables the engine reads", problems,
+                     "; ".join(f"{n}: {why}" for n, why in sorted(problems.items())))
+    return Check("engine-env", "pass", "variables the engine reads", names,
+                 f"{eng} knows every variable of its own it is given ({len(names)} in the env)")
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any], defaults: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -167,7 +227,8 @@ def judge(facts: dict[str, Any], profile: Profile, engine: str, archs: list[str]
           archs_source: str) -> list[Check]:
     """Pure: engine facts -> checks."""
     eng = facts["engine"]
-    checks = [Check("engine-import", "pass", engine, facts.get("version"), f"{eng} {facts.get('version')} imported")]
+    checks = [Check("engine-import", "pass", engine, facts.get("version"), f"{eng} {facts.get('version')} imported"),
+              _version_check(facts), _env_check(facts)]
     have = facts.get("architectures")
     if archs is None:
         checks.append(Check("architecture", "skip", None, None, "unknown expectation: fill "
@@ -231,8 +292,14 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     except Exception as exc:  # the engine is there but broken (torch/driver mismatch): still one line
         return [Check("engine-import", "error", engine, None,
                       f"importing {engine} failed: {type(exc).__name__}: {exc}".splitlines()[0])], {"argv": argvs}
-    facts = collect(adapter, argvs)
+    spec = profile.engine(engine)
+    # the pod's env names (the clear ones with the engine's own, then those read from Secrets)
+    env_names = [*engine_env(engine, spec), *spec.secret_env]
+    key = spec.image
+    pinned = {"image": key, "version": load_images()[key].version}     # $GAUNTLET_IMAGES in the pods
+    facts = collect(adapter, argvs, env_names, pinned, linear=has_linear_attention(profile))
     archs, source = _expected_archs(profile, model_path)
     checks = judge(facts, profile, engine, archs, source)
     (out / "engine-facts.json").write_text(json.dumps(facts, indent=1, default=str))
-    return checks, {"engine": engine, "version": facts.get("version"), "argv": argvs}
+    return checks, {"engine": engine, "version": facts.get("version"), "argv": argvs,
+                    "attention": facts.get("attention")}

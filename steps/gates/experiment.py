@@ -26,12 +26,22 @@ same cases and the same requests, and each phase is compared on its own.
   ``Variant.prefix_len`` tokens: the gain). The baseline ran both phases in
   ``baseline-phases``, before it was released; this step reads them there.
 
+Before it is measured, the variant answers Gate 3's content checks (the smoke
+gate's own :func:`gauntlet.steps.gates.smoke.run_checks`, against the variant's
+args), and its ranks are watched from its ready to the end of its measurement
+(steps/gates/watch_ranks.py, the step runner's rank watch): a variant that
+answers wrongly is never measured, and one whose ranks exited or restarted was
+not what was measured; either is "reject variant" and fails the gate.
+
 Verdict per phase: "better" when the variant's throughput is better beyond
-noise (its worst round beats the baseline's best) with no P99 (TTFT, E2E)
-worse beyond noise (the variant's median above the baseline's worst round),
-each by more than ``NOISE_FLOOR``. The experiment's decision is the verdict of
-the phase the change is for (reusable prefix, else measure), vetoed by any
-phase whose throughput or P99 is worse beyond noise.
+noise (its worst round beats the baseline's best) with no P99 (TTFT, TPOT,
+ITL, E2E) worse beyond noise (the variant's median above the baseline's worst
+round), each by more than ``NOISE_FLOOR``. The experiment's decision is the
+verdict of the phase the change is for (reusable prefix, else measure), vetoed
+by any phase whose throughput or P99 is worse beyond noise, and, for a
+speculative variant, by any compared case whose drafts were not shown accepted
+(:func:`acceptance_problems`: its acceptance length, from the engine's own
+figures, unknown or within noise of 1).
 """
 
 from __future__ import annotations
@@ -51,16 +61,23 @@ from gauntlet.steps.gates.shared_options import backend_option, engine_option
 from gauntlet.steps.engines.commands import apply_change
 from gauntlet.steps.options import option
 from gauntlet.steps.gates.perf import BenchOptions, bench_fields, case_checks, case_table, run_matrix
+from gauntlet.steps.gates.watch_ranks import check as watched, snapshot
+from gauntlet.steps.client.http import EngineClient
+from gauntlet.steps.evidence.stats import speculation, summarize
 
 NAME = "experiment"
 HELP = "Gate 6: deploy one variant (baseline + one change), re-run the Gate 4 cases, compare, tear down"
 NEEDS = Needs(model_cache="read", results_secret=True, api="manage", image="bench")
 
 __all__ = ["Options", "perf_options", "args_diff", "one_change_problems", "compare", "verdict", "baseline_cases", "run", "NOISE_FLOOR",
-           "phase_plan", "phase_verdicts", "decision", "EXPECTATION", "PERF_TASK", "BASELINE_TASK", "baseline_phases", "case_names"]
+           "phase_plan", "phase_verdicts", "decision", "EXPECTATION", "PERF_TASK", "BASELINE_TASK", "baseline_phases", "case_names",
+           "speculation", "speculative_figures", "acceptance_problems", "rejection", "content_checks", "P99_METRICS",
+           "REJECT"]
 
 NOISE_FLOOR = 0.02
-P99_METRICS = ("p99_ttft_ms", "p99_e2el_ms")
+# the tails the variant may not worsen: first token, per output token, between tokens, whole request
+P99_METRICS = ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms")
+REJECT = "reject variant"
 COLD_SEED_STRIDE = 7919
 PERF_TASK = "perf"                       # the sequence's Gate 4 task: the measure phase's baseline
 BASELINE_TASK = "baseline-phases"        # the sequence's task where the baseline runs the variants' other phases
@@ -207,8 +224,9 @@ def phase_verdicts(comparisons: dict[str, list[dict[str, Any]]]) -> dict[str, di
     return out
 
 
-def decision(verdicts: dict[str, dict[str, str]]) -> tuple[str, str, str | None]:
-    """(decision, why, the phase it rests on): the target phase's verdict, vetoed by a worse phase (pure)."""
+def decision(verdicts: dict[str, dict[str, str]], vetoes: Sequence[str] = ()) -> tuple[str, str, str | None]:
+    """(decision, why, the phase it rests on): the target phase's verdict, vetoed by a worse phase and by each of
+    ``vetoes`` (a speculative variant's :func:`acceptance_problems`) (pure)."""
     target = next((p for p in ("reusable_prefix", "measure") if p in verdicts), None)
     worse = [f"{p}: {v['why']}" for p, v in verdicts.items() if v["verdict"] == "worse"]
     if target is None:
@@ -216,7 +234,42 @@ def decision(verdicts: dict[str, dict[str, str]]) -> tuple[str, str, str | None]
     if worse:
         return "keep baseline", "; ".join(worse), target
     v = verdicts[target]
+    if v["verdict"] == "better" and vetoes:
+        return "keep baseline", f"{target}: {v['why']}, but " + "; ".join(vetoes), target
     return ("adopt variant" if v["verdict"] == "better" else "keep baseline"), f"{target}: {v['why']}", target
+
+
+def speculative_figures(rounds: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """The median of each :func:`speculation` figure over the valid rounds (pure)."""
+    per = [speculation(r) for r in rounds if r.get("valid")]
+    keys = ("acceptance_length", "acceptance_rate_pct", "draft_tokens", "accepted_tokens", "drafts")
+    return {k: summarize(p[k] for p in per).median for k in keys}
+
+
+def acceptance_problems(figures: dict[str, dict[str, Any]], cases: Sequence[str]) -> list[str]:
+    """Why a speculative variant's drafts are not shown accepted in ``cases`` (pure): no acceptance length from
+    the engine's own figures, or one within ``NOISE_FLOOR`` of 1 (every draft rejected: one token per verify)."""
+    out = []
+    for case in cases:
+        length = (figures.get(case) or {}).get("acceptance_length")
+        if length is None:
+            out.append(f"{case}: no acceptance length in the engine's own figures (its speculative counters were "
+                       "not read)")
+        elif length <= 1 + NOISE_FLOOR:
+            out.append(f"{case}: acceptance length {length:.3f}: the drafts were not accepted")
+    return out
+
+
+def rejection(content: Sequence[Check], ranks: Check | None) -> str | None:
+    """Why the variant is rejected before any comparison, or None (pure): a Gate 3 content check failed (it
+    answers wrongly: never measured), or a rank exited or restarted while it was checked or measured."""
+    bad = [f"{c.name}: {c.detail}" for c in content if c.status in ("fail", "error")]
+    if bad:
+        return "Gate 3's content checks failed on the variant, so it was not measured: " + "; ".join(bad[:3]) + (
+            f" (+{len(bad) - 3} more)" if len(bad) > 3 else "")
+    if ranks is not None and ranks.status == "fail":
+        return f"its ranks did not stay up: {ranks.detail}"
+    return None
 
 
 def baseline_cases(perf_dir: Path) -> dict[str, dict[str, Any]]:
@@ -284,15 +337,9 @@ def _spec_and_memory(results: dict[str, Any], base: dict[str, dict[str, Any]]) -
     out = {}
     for name, cr in results.items():
         rs = [r for r in cr.rounds if r.get("valid")]
-        t = case_table(rs, ("spec_decode_acceptance_rate", "spec_decode_acceptance_length",
-                            "spec_decode_draft_tokens", "spec_decode_accepted_tokens", "spec_decode_num_drafts"))
         rss, gpu = _memory(rs)
         b_rss, b_gpu = _memory((base.get(name) or {}).get("rounds") or [])
-        out[name] = {"acceptance_rate_pct": t["spec_decode_acceptance_rate"]["median"],
-                     "acceptance_length": t["spec_decode_acceptance_length"]["median"],
-                     "draft_tokens": t["spec_decode_draft_tokens"]["median"],
-                     "accepted_tokens": t["spec_decode_accepted_tokens"]["median"],
-                     "engine_rss_bytes_max": rss, "gpu_mem_used_frac_max": gpu,
+        out[name] = {**speculative_figures(rs), "engine_rss_bytes_max": rss, "gpu_mem_used_frac_max": gpu,
                      "baseline_engine_rss_bytes_max": b_rss, "baseline_gpu_mem_used_frac_max": b_gpu}
     return out
 
@@ -349,6 +396,9 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
                                   variant=variant.name)
     dchecks, dmetrics = deploy_step.run(dopts, out / "deploy")
     checks += [Check(f"deploy/{c.name}", c.status, c.expected, c.observed, c.detail) for c in dchecks]
+    phases: dict[str, Any] = {}
+    content: list[Check] = []
+    ranks: Check | None = None
     try:
         endpoint = (dmetrics.get("outputs") or {}).get("endpoint")
         if any(c.status in ("fail", "error") for c in dchecks) or not endpoint:
@@ -361,33 +411,66 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
                             sorted(args_diff(base_spec.args, deployed)), "; ".join(again) or "verified on the deployed spec"))
         if again:
             return checks, metrics
-        vopts = perf_options(opts, engine, endpoint, names)
-        phases: dict[str, Any] = {}
-        for phase, kw in plan.items():
-            phases[phase], _ = run_matrix(vopts, out, var_spec, variant.name, **kw)
+        # the variant's ranks from its ready to the end of its measurement, read where its own deploy put them
+        before = snapshot(profile, engine, out / "deploy", variant.name)
+        content = content_checks(profile, engine, var_spec, endpoint, out / "content")
+        ranks = watched(f"variant {variant.name}", before, snapshot(profile, engine, out / "deploy", variant.name))
+        if rejection(content, ranks) is None:       # one that answers wrongly or lost a rank is never measured
+            vopts = perf_options(opts, engine, endpoint, names)
+            for phase, kw in plan.items():
+                phases[phase], _ = run_matrix(vopts, out, var_spec, variant.name, **kw)
+            ranks = watched(f"variant {variant.name}", before, snapshot(profile, engine, out / "deploy", variant.name))
     finally:
         tchecks, _ = teardown_step.run(topts, out / "teardown")
         checks += [Check(f"teardown/{c.name}", c.status, c.expected, c.observed, c.detail) for c in tchecks]
+    checks += [Check(f"content/{c.name}", c.status, c.expected, c.observed, c.detail) for c in content]
+    checks += [ranks] if ranks is not None else []
     for res in phases.values():
         for cr in res.values():
             checks += [c for c in case_checks(cr, profile.bench.spread_max_rel) if c.name.endswith("rounds-valid")]
+    rule = ("Gate 3's content checks pass and the ranks stay up; then keep baseline unless throughput is better "
+            "with no P99 (TTFT, TPOT, ITL, E2E) worse and, for a speculative variant, its drafts accepted")
+    rejected = rejection(content, ranks)
+    if rejected:
+        checks.append(Check("verdict", "fail", rule, REJECT, rejected))
+        metrics.update(verdict=REJECT, verdict_reason=rejected, endpoint=endpoint,
+                       phases={p: {n: cr.to_dict() for n, cr in res.items()} for p, res in phases.items()})
+        write_json_atomic(out / "comparison.json", {"verdict": REJECT, "why": rejected, "phases": {}, "comparisons": {}})
+        return checks, metrics
     tables = {p: {n: case_table(cr.rounds) for n, cr in res.items()} for p, res in phases.items()}
     comparisons = {p: compare(base_tables[p], tables[p]) for p in tables if p in base_tables}
     verdicts = phase_verdicts(comparisons)
     for p, pv in verdicts.items():
         checks.append(Check(f"phase/{p}", "pass", pv["expected"], pv["verdict"], pv["why"]))
-    dec, why, target = decision(verdicts)
-    checks.append(Check("verdict", "pass", "keep baseline unless better throughput without worse P99",
-                        dec, why))
+    main_phase = next((p for p in ("reusable_prefix", "measure") if p in phases), next(iter(phases)))
+    speculative = _spec_and_memory(phases[main_phase], base)
+    vetoes = (acceptance_problems(speculative, [r["case"] for r in comparisons.get(main_phase, [])])
+              if "speculative" in diff and var_spec.args.speculative is not None else [])
+    dec, why, target = decision(verdicts, vetoes)
+    checks.append(Check("verdict", "pass", rule, dec, why))
     hit = {p: {n: [r.get("resources", {}).get("prefix_cache_hit_rate") for r in cr.rounds] for n, cr in res.items()}
            for p, res in phases.items()}
-    main_phase = target or next(iter(phases))
+    main_phase = target or main_phase
     metrics.update(phases={p: {n: cr.to_dict() for n, cr in res.items()} for p, res in phases.items()},
                    tables=tables, baseline_tables=base_tables, comparisons=comparisons, phase_verdicts=verdicts,
                    comparison=comparisons.get(main_phase, []), verdict=dec, verdict_reason=why, main_phase=main_phase,
                    prefix_cache_hit_rate=hit, baseline_prefix_cache_hit_rate=base_hit,
-                   speculative=_spec_and_memory(phases[main_phase], base),
+                   speculative=speculative, acceptance_vetoes=vetoes,
                    baseline_dir=str(perf_dir), baseline_phases_dir=str(phases_dir), endpoint=endpoint)
     write_json_atomic(out / "comparison.json", {"verdict": dec, "why": why, "phases": verdicts,
                                                 "comparisons": comparisons})
     return checks, metrics
+
+
+def content_checks(profile: Profile, engine: str, spec: EngineSpec, endpoint: str, out: Path) -> list[Check]:
+    """Gate 3's content checks (steps/gates/smoke.py ``run_checks``) against the variant at ``endpoint``, judged
+    with the variant's own args (its over-long prompt is over the variant's context); its exchanges in ``out``."""
+    from gauntlet.steps.gates.smoke import run_checks
+    as_deployed = profile.model_copy(update={"engines": {**profile.engines, engine: spec}})
+    with EngineClient(endpoint, profile.smoke.request_timeout_s, keep_log=True, keep_alive=spec.keep_alive) as client:
+        checks, _ = run_checks(client, as_deployed, engine)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "exchanges.jsonl").open("w") as fh:
+        for ex in client.log:
+            fh.write(json.dumps(ex.to_record()) + "\n")
+    return checks

@@ -18,6 +18,34 @@ what each rung should do (``Rung.expect``):
 - ``refused``: over the engine's max length: a 4xx is "beyond capability:
   refused by the engine" and passes; a 200 or a crash fails.
 
+**A reasoning model thinks first** (Kimi K3 on SGLang: ``KimiK3Detector(force_reasoning=True)`` in
+sglang/srt/parser/reasoning_parser.py; its serving layer files a think channel the model never closed as
+reasoning, with an empty ``content``). So each request's ``max_tokens`` is ``longctx.max_tokens`` (the answer)
+plus :attr:`~gauntlet.params.models.Profile.longctx_reasoning_tokens` (the thinking budget, derived from
+``model.reasoning`` unless the profile states it), and the rung's prompt is that much shorter. The needle is
+judged in the final answer (``message.content``) only; the reasoning, in the field the engine names
+(``ReplyRules.reasoning_field``: vLLM 0.32 ``reasoning``, SGLang ``reasoning_content``), is kept in the
+evidence. A reply cut by the length limit with no final answer is ``exhausted`` ("budget exhausted by
+reasoning"), never a miss and never a known capability limit: it fails at any expectation; a needle that is
+in the reasoning but not the answer is a miss that says so ("needle only in reasoning").
+
+**A probe rung** (``Rung.probe``: kimi-k3-h20's 256K) is sent and judged like any other, and its checks have
+status ``probe``: recorded, shown, never a failure of the gate. It is still a rung of the ladder: one that
+did not pass stops the climb, and ``unlock_all_lower`` needs every rung of the step passed, the probe
+included, so a probe's pass is needed for a ``requires_all_lower`` rung (1M) but never admits it alone (the
+lower non-probe rungs must pass too) and a 1M request never follows a miss.
+
+**Memory must be stable to go on.** After each rung its window is read from every engine rank's telemetry
+sampler (steps/cluster/telemetry.py, as Gate 4 reads each round's: ``telemetry_targets`` of the back end,
+:func:`~gauntlet.steps.cluster.rank_telemetry.round_telemetry`): each rank's peak GPU memory. A rank whose
+peak grew more than ``longctx.memory_growth_max_gib`` since the previous rung fails ``memory-<tokens>`` and
+stops the climb; a restart whose logs say the KV pool cannot hold one request of the new context (the
+engine's ``kv_pool_capped`` line, e.g. SGLang's "KV pool holds N tokens, fewer than --context-length M")
+fails ``restart-<context>`` and its rung is not sent. A GPU profile whose ranks answer no memory gets a
+``memory-<tokens>`` skip that says why (the climb goes on, unguarded by memory); one whose rank's sampler
+answers but reads no GPU (``no GPU source``) fails ``memory-<tokens>`` naming the rank and the sampler's reason,
+and the climb stops; a profile without GPUs one ``memory`` skip.
+
 The local ladder is 1K/2K ``pass``, 4K and 8K ``fail`` (the known limit) and 16K
 ``refused`` behind ``requires_all_lower``. The ladder stops after the first rung
 that did not pass (higher rungs are recorded "not run"; within a rung, after its
@@ -37,13 +65,14 @@ deployment's record (the local state file, the StatefulSet), so the restart
 persists into the next longctx task. A blocked rung is skipped before any
 restart; a rung beyond the model's max_position_embeddings is sent without one
 (the engine refuses it); a restart that fails is the rung's ``error`` and stops
-the ladder. Each restart is in ``ladder.json``, a ``restart-<context>`` check
-and ``metrics.engine_restarts``.
+the ladder. Each restart is in ``ladder.json`` (rewritten after every rung, so a deadline that kills the
+step keeps what it reached), a ``restart-<context>`` check and ``metrics.engine_restarts``.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Callable
@@ -52,10 +81,11 @@ from typing import Any
 import httpx
 
 from gauntlet.steps.gate import Needs
-from gauntlet.params.models import EngineSpec, Rung
+from gauntlet.params.models import EngineSpec, Profile, Rung
 from gauntlet.steps.client.answers import sanity_problems
-from gauntlet.steps.gates._ladder_restart import EngineContext
-from gauntlet.contract import Check, Status, TransientError, UsageError, write_json_atomic
+from gauntlet.steps.client.replies import Exchange, chat_answer
+from gauntlet.steps.gates._ladder_restart import EngineContext, Restart
+from gauntlet.contract import Check, CheckStatus, Status, TransientError, UsageError, write_json_atomic
 from gauntlet.steps.gates.shared_options import check_endpoint
 from gauntlet.steps.gates.shared_options import engine_option
 from gauntlet.steps.client.http import EngineClient
@@ -66,8 +96,9 @@ NAME = "longctx"
 HELP = "Gate 5: long-context ladder (needle in a haystack at several depths), stop at the first failure"
 NEEDS = Needs(engine_ranks=True, api="manage")     # restarts the engine for a longer rung
 
-__all__ = ["Options", "RungResult", "build_haystack", "judge_answer", "rung_outcome", "judge_rung", "blocked_reason",
-           "plan_context", "known_miss", "run_ladder", "run"]
+__all__ = ["Options", "RungResult", "build_haystack", "judge_answer", "judge_reply", "rung_outcome", "judge_rung",
+           "blocked_reason", "plan_context", "known_miss", "reply_budget", "rank_memory", "judge_memory",
+           "check_status", "run_ladder", "run", "EXHAUSTED", "IN_REASONING"]
 
 _WORDS = ("river mountain window garden copper lantern harbor meadow violet engine quiet silver market "
           "thunder pocket ribbon canyon marble pepper saddle timber velvet walnut anchor bridge candle desert "
@@ -75,6 +106,9 @@ _WORDS = ("river mountain window garden copper lantern harbor meadow violet engi
           "tunnel umbrella valley wagon yellow zipper autumn basket circle dolphin ember forest granite").split()
 QUESTION = "What is the secret passcode mentioned in the text above? Reply with the passcode only."
 ANSWER_MARGIN_TOKENS = 16       # chat template / special tokens the count may miss
+EXHAUSTED = "budget exhausted by reasoning"     # finish_reason 'length' and no final answer
+IN_REASONING = "needle only in reasoning"       # the passcode in the thinking, not in the final answer
+REASONING_KEPT_CHARS = 600      # the reasoning's tail kept per probe (where a model concludes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,18 +155,28 @@ class Probe:
     answer: str = ""
     error: str | None = None
     seconds: float = 0.0
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    cause: str = ""                 # why it did not pass: EXHAUSTED, IN_REASONING, "needle missed", ...
+    reasoning: str = ""             # the reasoning's last REASONING_KEPT_CHARS characters
+    reasoning_chars: int = 0
+    reasoning_field: str | None = None   # the message field that carried it (`reasoning`, `reasoning_content`)
 
 
 @dataclass
 class RungResult:
     tokens: int
     expect: str
-    outcome: str                    # passed | missed | refused | error | blocked | not-run
-    status: Status = "skip"         # the check's status
+    outcome: str                    # passed | missed | exhausted | refused | error | blocked | not-run
+    status: Status = "skip"         # the judged status (a probe's check shows "probe" instead: check_status)
     label: str = ""                 # what a person reads in the ladder table
     detail: str = ""
     probes: list[Probe] = field(default_factory=list)
     context: int | None = None      # the context the engine served when the rung was sent (None: unknown)
+    probe: bool = False             # Rung.probe: its checks never fail the gate
+    memory: dict[str, Any] = field(default_factory=dict)   # per rank: peak GPU memory in the rung's window
+    memory_status: Status = "skip"  # judge_memory's: "fail" stops the climb
+    memory_detail: str = ""
 
 
 def passcode_for(tokens: int, depth: float) -> str:
@@ -158,11 +202,32 @@ def build_haystack(n_sentences: int, depth: float, passcode: str) -> str:
     return " ".join(s) + "\n\n" + QUESTION
 
 
+def _has_needle(text: str | None, passcode: str) -> bool:
+    number, word = passcode.split("-")
+    return number in (text or "") and word.lower() in (text or "").lower()
+
+
 def judge_answer(text: str | None, finish_reason: str | None, passcode: str) -> tuple[bool, list[str]]:
-    """(needle found, sanity problems) for one answer (pure)."""
+    """(needle found, sanity problems) for one final answer (pure)."""
     problems = sanity_problems(text, finish_reason, allowed_finish=("stop", "length"))
-    found = passcode.split("-")[0] in (text or "") and passcode.split("-")[1].lower() in (text or "").lower()
-    return found and not problems, problems
+    return _has_needle(text, passcode) and not problems, problems
+
+
+def judge_reply(content: str | None, reasoning: str | None, finish_reason: str | None,
+                passcode: str) -> tuple[bool, list[str], str]:
+    """(needle found in the final answer, its sanity problems, why not: '' when found) for one reply (pure).
+
+    Only ``content`` can pass. No final answer and finish_reason ``length`` is :data:`EXHAUSTED`: the budget
+    ran out while the model was thinking, whatever the thinking held. A passcode in the reasoning alone is
+    :data:`IN_REASONING`."""
+    found, problems = judge_answer(content, finish_reason, passcode)
+    if found:
+        return True, [], ""
+    if not (content or "").strip() and finish_reason == "length":
+        return False, [], EXHAUSTED
+    if _has_needle(reasoning, passcode):
+        return False, problems, IN_REASONING
+    return False, problems, "" if _has_needle(content, passcode) else "needle missed"
 
 
 def rung_outcome(probes: list[Probe]) -> str:
@@ -170,17 +235,26 @@ def rung_outcome(probes: list[Probe]) -> str:
         return "refused"
     if any(p.status is None or p.status >= 500 for p in probes):
         return "error"
-    return "passed" if all(p.found for p in probes) else "missed"
+    if all(p.found for p in probes):
+        return "passed"
+    return "exhausted" if any(p.cause == EXHAUSTED for p in probes) else "missed"
 
 
 def judge_rung(rung: Rung, outcome: str, probes: list[Probe]) -> tuple[Status, str, str]:
     """(check status, label, detail) for a rung's outcome against its expectation (pure)."""
     n = rung.tokens
     missed = [f"{p.depth:.0%}" for p in probes if not p.found]
-    why = "; ".join(sorted({x for p in probes for x in p.problems}))[:200]
+    why = "; ".join(sorted({x for p in probes for x in p.problems} | {p.cause for p in probes
+                                                                        if p.cause == IN_REASONING}))[:200]
     err = next((p.error or f"HTTP {p.status}" for p in probes if p.status is None or (p.status or 0) >= 400), "")
     if outcome == "error":
         return "fail", "crash", f"{n} tokens: engine error ({err}), not a clean refusal"
+    if outcome == "exhausted" and rung.expect != "refused":
+        cut = next(p for p in probes if p.cause == EXHAUSTED)
+        return "fail", EXHAUSTED, (
+            f"{n} tokens, depth {cut.depth:.0%}: finish_reason 'length' after {cut.completion_tokens} completion "
+            f"tokens with no final answer ({cut.reasoning_chars} characters of reasoning): the needle was never "
+            "answered, not missed; raise longctx.reasoning_tokens")
     if rung.expect == "pass":
         if outcome == "passed":
             return "pass", "passed", f"needle found at every depth ({len(probes)}) at {n} tokens"
@@ -231,10 +305,9 @@ class _Session:
             return None
         return int(ex.body["count"])
 
-    def chat(self, content: str, max_tokens: int) -> tuple[int | None, Any, str | None, float]:
-        ex = self.client.chat({"model": self.model, "messages": [{"role": "user", "content": content}],
-                               "max_tokens": max_tokens, "temperature": 0})
-        return ex.status, ex.body, ex.error[:200] if ex.error else None, ex.seconds
+    def chat(self, content: str, max_tokens: int) -> Exchange:
+        return self.client.chat({"model": self.model, "messages": [{"role": "user", "content": content}],
+                                 "max_tokens": max_tokens, "temperature": 0})
 
 
 def _fit(client: _Session, target: int, depth: float, passcode: str) -> tuple[str, int | None]:
@@ -257,29 +330,48 @@ def _fit(client: _Session, target: int, depth: float, passcode: str) -> tuple[st
     return text, got
 
 
+def reply_budget(profile: Profile) -> int:
+    """Each request's max_tokens: the final answer's (``longctx.max_tokens``) plus the thinking budget a reasoning
+    model spends first (``Profile.longctx_reasoning_tokens``); the rung's prompt leaves room for all of it."""
+    return profile.longctx.max_tokens + profile.longctx_reasoning_tokens
+
+
+def _probe(ex: Exchange, depth: float, code: str, counted: int | None) -> Probe:
+    """One needle request's evidence and judgement (pure): the final answer, the reasoning (steps/client/replies.py
+    chat_answer reads vLLM 0.32's ``reasoning`` and SGLang's ``reasoning_content``), why it did not pass."""
+    p = Probe(depth, code, counted, ex.status, error=ex.error[:200] if ex.error else None,
+              seconds=round(ex.seconds, 2))
+    body = ex.body
+    if ex.status == 200 and isinstance(body, dict):
+        a = chat_answer(ex)
+        p.answer = a.content[:300]
+        p.finish_reason = a.finish_reason
+        p.reasoning, p.reasoning_chars = a.reasoning[-REASONING_KEPT_CHARS:], len(a.reasoning)
+        p.reasoning_field = a.reasoning_field
+        usage: dict[str, Any] = body["usage"] if isinstance(body.get("usage"), dict) else {}
+        p.prompt_tokens = usage.get("prompt_tokens", counted)
+        p.completion_tokens = usage.get("completion_tokens")
+        p.found, p.problems, p.cause = judge_reply(a.content, a.reasoning, a.finish_reason, code)
+    elif ex.status is not None:
+        msg = (body or {}).get("error", {}) if isinstance(body, dict) else {}
+        p.error = f"HTTP {ex.status}: {(msg.get('message') if isinstance(msg, dict) else msg) or ''}"[:200]
+    return p
+
+
 def run_rung(client: _Session, rung: Rung, depths: list[float], max_tokens: int) -> RungResult:
+    """The rung's needles, one depth at a time; ``max_tokens`` is each reply's whole budget (:func:`reply_budget`)."""
     target = rung.tokens - max_tokens - ANSWER_MARGIN_TOKENS
     probes = []
     for d in depths:
         code = passcode_for(rung.tokens, d)
         text, counted = _fit(client, target, d, code)
-        status, body, err, secs = client.chat(text, max_tokens)
-        p = Probe(d, code, counted, status, error=err, seconds=round(secs, 2))
-        if status == 200 and isinstance(body, dict):
-            choice = (body.get("choices") or [{}])[0]
-            content = (choice.get("message") or {}).get("content") or ""
-            p.answer = content[:300]
-            p.prompt_tokens = (body.get("usage") or {}).get("prompt_tokens", counted)
-            p.found, p.problems = judge_answer(content, choice.get("finish_reason"), code)
-        elif status is not None:
-            msg = (body or {}).get("error", {}) if isinstance(body, dict) else {}
-            p.error = f"HTTP {status}: {(msg.get('message') if isinstance(msg, dict) else msg) or ''}"[:200]
+        p = _probe(client.chat(text, max_tokens), d, code, counted)
         probes.append(p)
-        if status is None or status >= 400 or not p.found:
+        if p.status is None or p.status >= 400 or not p.found:
             break  # the rung has already not passed: stop at the first failure, here too
     outcome = rung_outcome(probes)
     verdict, label, detail = judge_rung(rung, outcome, probes)
-    return RungResult(rung.tokens, rung.expect, outcome, verdict, label, detail, probes)
+    return RungResult(rung.tokens, rung.expect, outcome, verdict, label, detail, probes, probe=rung.probe)
 
 
 def plan_context(tokens: int, current: int | None, max_position: int | None) -> tuple[int | None, str]:
@@ -303,28 +395,90 @@ def plan_context(tokens: int, current: int | None, max_position: int | None) -> 
     return tokens, f"the {tokens}-token rung is over the served context {current}"
 
 
+def rank_memory(ranks: list[dict[str, Any]], why_none: str) -> dict[str, Any]:
+    """A rung's memory record from each rank's telemetry of its window (rank_telemetry.round_telemetry): peak GPU
+    memory used and the card's total per rank, and why a rank has none (pure)."""
+    from gauntlet.steps.cluster.rank_telemetry import no_gpu_source
+    rows = [{"rank": r.get("rank"), "where": r.get("where"), "reachable": bool(r.get("reachable")),
+             "gpu_source": r.get("gpu_source"), "no_gpu_source": no_gpu_source(r), "samples": r.get("samples", 0),
+             "used_gib_max": r.get("gpu_mem_used_gib_max"), "total_gib": r.get("gpu_mem_total_gib"),
+             "error": r.get("error")} for r in ranks]
+    used = [r["used_gib_max"] for r in rows if r["used_gib_max"] is not None]
+    missing = [r["error"] or f"rank {r['rank']} ({r['where']}): GPU source {r['gpu_source']}" for r in rows
+               if r["used_gib_max"] is None]
+    return {"ranks": rows, "used_gib_max": max(used, default=None),
+            "none": "; ".join(missing) if missing else ("" if rows else why_none or "no engine rank to ask")}
+
+
+def judge_memory(cur: dict[str, Any], prev: tuple[int, dict[str, Any]] | None, tolerance_gib: float,
+                 tokens: int) -> tuple[Status, str]:
+    """(status, detail) of a rung's memory against the last rung that had readings, ``prev`` = (its tokens, its
+    record) (pure). Each rank's peak may grow at most ``tolerance_gib`` from one rung to the next; a rank
+    without readings is named, never guessed; no readings at all is a skip that says why. A rank whose sampler
+    answered but reads no GPU (on a CDI runtime, a container without the GPU allocation) fails: the memory this
+    rule needs cannot be had from it, and the climb would go on unguarded (the same rule as Gate 4's
+    ``telemetry/gpu-source``, steps/cluster/rank_telemetry.py)."""
+    blind = [f"rank {r['rank']} ({r['where']}): no GPU source ({r['no_gpu_source']})" for r in cur.get("ranks") or []
+             if r.get("no_gpu_source")]
+    if blind:
+        return "fail", (f"{'; '.join(blind)}: GPU memory cannot be judged at {tokens} tokens, the climb stops here; "
+                        "the sampler runs in the engine container, which holds the GPUs "
+                        "(steps/backends/kubernetes/manifests.py sampler_lines): read its line in the rank's log")
+    ranks = {r["rank"]: r for r in cur.get("ranks") or [] if r.get("used_gib_max") is not None}
+    if not ranks:
+        return "skip", f"GPU memory not read at {tokens} tokens: {cur.get('none')}; the climb goes on unguarded by memory"
+    top = max(ranks.values(), key=lambda r: r["used_gib_max"])
+    peak = (f"peak {top['used_gib_max']:.1f} GiB" + (f" of {top['total_gib']:.0f}" if top.get("total_gib") else "")
+            + f" on rank {top['rank']} ({top['where']})")
+    unread = f"; not read: {cur['none']}" if cur.get("none") else ""
+    if prev is None:
+        return "pass", f"{peak}: the first rung with readings, the next is compared with it{unread}"
+    before = {r["rank"]: r for r in prev[1].get("ranks") or [] if r.get("used_gib_max") is not None}
+    growth = sorted(((ranks[k]["used_gib_max"] - before[k]["used_gib_max"], k) for k in ranks if k in before),
+                    reverse=True)
+    if not growth:
+        return "pass", f"{peak}; no rank read at both {prev[0]} and {tokens} tokens to compare{unread}"
+    g, k = growth[0]
+    if g > tolerance_gib:
+        return "fail", (f"rank {k} ({ranks[k]['where']}): peak GPU memory grew {g:.1f} GiB from the {prev[0]}-token "
+                        f"rung ({before[k]['used_gib_max']:.1f} -> {ranks[k]['used_gib_max']:.1f} GiB), over "
+                        f"longctx.memory_growth_max_gib {tolerance_gib:g}: the climb stops here{unread}")
+    return "pass", f"{peak}; grew at most {g:+.1f} GiB from the {prev[0]}-token rung (tolerance {tolerance_gib:g}){unread}"
+
+
+def check_status(probe: bool, status: Status) -> CheckStatus:
+    """A check's status: a probe rung's judged pass, fail or error is shown as ``probe``, never a failure."""
+    return "probe" if probe and status in ("pass", "fail", "error") else status
+
+
 def run_ladder(rungs: list[Rung], send: Callable[[Rung], RungResult], blocked: Callable[[Rung], str | None],
-               prepare: Callable[[Rung], RungResult | None] | None = None) -> list[RungResult]:
-    """Walk the rungs in order; stop after the first one that did not pass (pure control flow).
+               prepare: Callable[[Rung], RungResult | None] | None = None,
+               record: Callable[[list[RungResult]], None] | None = None) -> list[RungResult]:
+    """Walk the rungs in order; stop after the first one that did not pass or whose memory grew (pure control flow).
 
     ``blocked(rung)`` comes first (a skipped rung never restarts the engine), then ``prepare(rung)`` (the
-    restart a longer rung needs: a RungResult when it failed, else None), then ``send(rung)``."""
+    restart a longer rung needs: a RungResult when it failed, else None), then ``send(rung)``; ``record`` is
+    given the results so far after each rung (the evidence file)."""
     results: list[RungResult] = []
     stopped_at: int | None = None
     for r in sorted(rungs, key=lambda x: x.tokens):
         if stopped_at is not None:
             results.append(RungResult(r.tokens, r.expect, "not-run", "skip", "not run",
-                                      f"not run: the ladder stopped at {stopped_at} tokens"))
+                                      f"not run: the ladder stopped at {stopped_at} tokens", probe=r.probe))
             continue
         why = blocked(r)
         if why:
-            results.append(RungResult(r.tokens, r.expect, "blocked", "skip", "refused (known defect)", why))
+            results.append(RungResult(r.tokens, r.expect, "blocked", "skip", "refused (known defect)", why,
+                                      probe=r.probe))
             stopped_at = r.tokens
-            continue
-        res = (prepare(r) if prepare else None) or send(r)
-        results.append(res)
-        if res.outcome != "passed" and not known_miss(r, res):
-            stopped_at = r.tokens
+        else:
+            res = (prepare(r) if prepare else None) or send(r)
+            res.probe = r.probe
+            results.append(res)
+            if (res.outcome != "passed" and not known_miss(r, res)) or res.memory_status == "fail":
+                stopped_at = r.tokens
+        if record:
+            record(results)
     return results
 
 
@@ -334,8 +488,31 @@ def known_miss(rung: Rung, res: RungResult) -> bool:
     return rung.expect == "fail" and res.outcome == "missed" and res.status == "pass"
 
 
+def _checks(engine: str, results: list[RungResult], restarts: list[Restart], gpus: bool) -> list[Check]:
+    """The verdict's checks: one per rung, one per restart, the memory of each rung sent (pure)."""
+    probe = {r.tokens: r.probe for r in results}
+    checks = [Check(f"rung-{r.tokens}", check_status(r.probe, r.status), f"expect {r.expect}" +
+                    (" (probe: never fails the gate)" if r.probe else ""), r.label, r.detail) for r in results]
+    for rs in restarts:
+        bad = not rs.ok or bool(rs.kv_pool)
+        detail = (f"{rs.why}: the engine came up at context {rs.to_context} but says its KV pool cannot hold one "
+                  f"request of it ({rs.kv_pool})" if rs.ok and rs.kv_pool else f"{rs.why}: {rs.detail}")
+        checks.append(Check(f"restart-{rs.to_context}", check_status(probe.get(rs.rung, False),
+                            "fail" if bad else "pass"), f"{engine} ready at context {rs.to_context}, its KV pool "
+                            "holding one request of it", rs.seconds, detail))
+    sent = [r for r in results if r.memory]
+    if not gpus:
+        checks.append(Check("memory", "skip", None, None, "hardware.gpus_per_node is 0: no GPU memory to judge"))
+    else:
+        checks += [Check(f"memory-{r.tokens}", check_status(r.probe, r.memory_status),
+                         "each rank's peak GPU memory within longctx.memory_growth_max_gib of the rung before",
+                         r.memory.get("used_gib_max"), r.memory_detail) for r in sent]
+    return checks
+
+
 def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     from gauntlet.params import load_images
+    from gauntlet.steps.cluster.rank_telemetry import round_telemetry
 
     profile = opts.the_profile
     engine = profile.engine_name(opts.engine)
@@ -344,10 +521,13 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     image = load_images().get(spec.image)
     fixes = list(image.fixes) if image else []
     lc = profile.longctx
+    budget = reply_budget(profile)
+    gpus = profile.hardware.gpus_per_node > 0
     served = EngineContext(opts, engine, out)
     first_context = served.context
     max_position = profile.model.architecture.max_position_embeddings
     notes: dict[int, str] = {}
+    last_memory: list[tuple[int, dict[str, Any]]] = []       # the last rung with readings: (tokens, record)
     session = _Session(EngineClient(opts.endpoint, lc.timeout_s, keep_alive=spec.keep_alive), profile.model.served_name)
 
     def prepare(r: Rung) -> RungResult | None:
@@ -362,31 +542,50 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
                               f"{rs.detail} (evidence: {rs.evidence})", context=served.context)
         session.client.close()          # its pooled connections went with the old engine
         session.client = EngineClient(opts.endpoint, lc.timeout_s, keep_alive=spec.keep_alive)
+        if rs.kv_pool:                  # it serves, but would refuse or truncate this rung: not sent
+            return RungResult(r.tokens, r.expect, "error", "fail", "KV pool capped",
+                              f"not sent: after the restart at context {target} {engine} says its KV pool cannot hold "
+                              f"one request of it ({rs.kv_pool}; evidence: {rs.evidence})", context=served.context)
         return None
 
     def send(r: Rung) -> RungResult:
-        res = run_rung(session, r, lc.needle_depths, lc.max_tokens)
+        t0 = time.time()
+        res = run_rung(session, r, lc.needle_depths, budget)
         res.context = served.context
         if notes.get(r.tokens):
             res.detail += f"; {notes[r.tokens]}"
+        if gpus:                        # the rung's window on every rank (a restart may have moved the sampler)
+            tgts, why = served.backend.telemetry_targets(profile, engine, out, None)
+            res.memory = rank_memory(round_telemetry(tgts, t0, time.time()) if tgts else [], why)
+            res.memory_status, res.memory_detail = judge_memory(
+                res.memory, last_memory[-1] if last_memory else None, lc.memory_growth_max_gib, r.tokens)
+            if res.memory.get("used_gib_max") is not None:
+                last_memory.append((r.tokens, res.memory))
         return res
+
+    def doc_of(results: list[RungResult]) -> dict[str, Any]:
+        context = {"served_at_start": first_context, "served_at_end": served.context,
+                   "record": (served.record or {}).get("record"), "max_position_embeddings": max_position,
+                   "note": notes.get(min(notes), "") if notes else ""}
+        return {"engine": engine, "context": context, "reply_budget": {
+            "max_tokens": budget, "answer": lc.max_tokens, "reasoning": profile.longctx_reasoning_tokens,
+            "reasoning_field": engine_of(engine).replies.reasoning_field},
+            "restarts": [asdict(rs) for rs in served.restarts], "rungs": [asdict(r) for r in results]}
 
     try:
         try:
             session.client.get("/v1/models", timeout=30).raise_for_status()
         except httpx.HTTPError as exc:
             raise TransientError(f"engine at {opts.endpoint} not answering: {exc}") from None
-        results = run_ladder(rungs, send, lambda r: blocked_reason(engine, spec, r.tokens, fixes), prepare)
+        def record(so_far: list[RungResult]) -> None:
+            write_json_atomic(out / "ladder.json", doc_of(so_far))
+
+        results = run_ladder(rungs, send, lambda r: blocked_reason(engine, spec, r.tokens, fixes), prepare, record)
     finally:
         session.client.close()
-    checks = [Check(f"rung-{r.tokens}", r.status, f"expect {r.expect}", r.label, r.detail) for r in results]
-    restarts = [asdict(rs) for rs in served.restarts]
-    checks += [Check(f"restart-{rs.to_context}", "pass" if rs.ok else "fail", f"{engine} ready at context "
-                     f"{rs.to_context}", rs.seconds, f"{rs.why}: {rs.detail}") for rs in served.restarts]
-    all_passed = all(r.outcome == "passed" for r in results)
-    context = {"served_at_start": first_context, "served_at_end": served.context, "record": (served.record or {}).get(
-        "record"), "max_position_embeddings": max_position, "note": notes.get(min(notes), "") if notes else ""}
-    doc = {"engine": engine, "context": context, "restarts": restarts, "rungs": [asdict(r) for r in results]}
+    checks = _checks(engine, results, served.restarts, gpus)
+    all_passed = all(r.outcome == "passed" and r.memory_status != "fail" for r in results)
+    doc = doc_of(results)
     write_json_atomic(out / "ladder.json", doc)
     return checks, {"outputs": {"unlock_all_lower": all_passed}, "ladder": doc["rungs"], "engine": engine,
-                    "context": context, "engine_restarts": restarts}
+                    "context": doc["context"], "engine_restarts": doc["restarts"], "reply_budget": doc["reply_budget"]}

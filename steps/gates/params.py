@@ -1,10 +1,16 @@
-"""Gate 0, first of all: every workflow parameter the run was given is one it declares, with a value it allows.
+"""Gate 0, first of all: every workflow parameter the run was given is one it declares, with a value it allows;
+and, on the cluster, the API server will admit the run's pods and holds the label policy.
 
 Argo v4.0.5 does not enforce a WorkflowTemplate's ``enum`` on ``argo submit --from workflowtemplate``, and
 keeps an undeclared ``-p name=value`` in the workflow's arguments (docs/cluster.md "Retrying, resubmitting,
 stopping and deleting a run"). This step reads them all (``{{workflow.parameters.json}}``) and checks each
 against the graph's own list (workflows/graph.py ``parameters``, passed as ``--allowed``): a bad one is a
 :class:`UsageError` (exit 2) naming the parameter and what it allows, before any GPU is requested.
+
+Then, through the back end (``ClusterInspector.admission_checks``, steps/backends/kubernetes/admission.py): the
+namespace's ``pod-security.kubernetes.io/enforce`` level must admit the engine's pods (a failed check naming the
+label: Pod Security would refuse them, and the Gate 0/1 step pods, after the run began), and the label policy's
+binding must be there. It reads them as the ``admission`` role: three named objects, nothing else.
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ from gauntlet.steps.options import GateOptions, option
 __all__ = ["NAME", "HELP", "NEEDS", "Options", "run", "RULES", "check_value"]
 
 NAME = "params"
-HELP = "Gate 0, first: refuse an undeclared workflow parameter or a value it does not allow (exit 2)"
-NEEDS = Needs(transient=False)      # the profile is loaded (every step gets --profile) but not read
+HELP = ("Gate 0, first: refuse an undeclared workflow parameter or a value it does not allow (exit 2); the "
+        "namespace's Pod Security level and the label policy")
+# it reads the namespace and the label policy's binding; never exits 75 (no retryStrategy: a retry-backoff this
+# step refuses would be Argo's to parse), an API that does not answer is a failed check after a few tries
+NEEDS = Needs(transient=False, api="admission")
 
 # a base wait Argo's backoff and the local runner read alike: whole seconds, minutes or hours
 _DURATION = re.compile(r"[0-9]{1,6}[smh]?")
@@ -97,6 +106,12 @@ class Options(GateOptions):
 
 
 def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    from gauntlet.steps.backends import backend_for, capability
+    from gauntlet.steps.backends.protocol import ClusterInspector
+
     given = _given(opts.given)
-    return ([Check("parameters", "pass", detail=f"{len(given)} given, each declared and allowed")],
-            {"parameters": given})
+    checks = [Check("parameters", "pass", detail=f"{len(given)} given, each declared and allowed")]
+    inspector = capability(backend_for(opts.the_profile), ClusterInspector)
+    if inspector is not None:       # locally nothing admits pods
+        checks += inspector.admission_checks(opts.the_profile)
+    return checks, {"parameters": given}

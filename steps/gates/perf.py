@@ -8,30 +8,42 @@ Every round goes to the results store with the run's metadata.
 
 A case that others depend on (``requires_stable``) unlocks them through the
 output parameter ``unlock_<case>``: true only when it was stable (all rounds
-valid, output-throughput spread <= ``bench.spread_max_rel``) and the memory
-headroom at its peak was >= the dependant's ``headroom_min``.
+valid, output-throughput spread <= ``bench.spread_max_rel``) and the KV cache
+left free at its peak, read from the engine's own KV usage gauge, was >= the
+dependant's ``headroom_min`` (no reading: locked, saying why).
+
+Each round records the digest of the request set the client sent
+(steps/client/request_set.py), so the A/B table compares engines on the same
+requests, checked; a round whose engine processes no token for
+``bench.hang_timeout_s`` while holding requests stops and fails the gate naming the
+hang (steps/client/stall.py); the cases after it are not measured.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from gauntlet.steps.gate import Needs
-from gauntlet.params.models import BenchCase, EngineSpec, Profile
-from gauntlet.steps.client.bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, parse_result, preload_client,
-                          run_client)
+from gauntlet.params.models import BenchCase, EngineSpec, Profile, SloSpec
+from gauntlet.steps.client.bench import (LATENCY_METRICS, THROUGHPUT_METRICS, BenchRequest, client_available,
+                                         goodput_args, parse_result, preload_client, run_client)
 from gauntlet.contract import Check, UsageError, param_name, write_json_atomic
-from gauntlet.steps.client.sampler import Sampler, headroom
+from gauntlet.steps.client.request_set import requests_digest, sample_requests
+from gauntlet.steps.client.sampler import Sampler
+from gauntlet.steps.client.stall import EngineHang, watch as stall_watch
 from gauntlet.steps.engines import diagnostic_clients as engine_diagnostics
+from gauntlet.steps.engines import engine as engine_of
+from gauntlet.steps.engines.adapter import Engine
 from gauntlet.steps.gates.shared_options import ResultsOptions, check_endpoint
 from gauntlet.steps.gates.shared_options import engine_option
 from gauntlet.steps.options import option
-from gauntlet.steps.evidence.stats import Stability, client_bound, cold_start, round_validity, stability, summarize
+from gauntlet.steps.evidence.stats import (ENGINE_COLUMNS, Stability, client_bound, cold_start, engine_figures,
+                                           round_validity, stability, summarize, token_counts)
 
 NAME = "perf"
 # the diagnostic clients the engines ship (label -> engine; SGLang's sglang.bench_serving)
@@ -41,9 +53,10 @@ HELP = "Gate 4: benchmark matrix (vllm bench serve), warmup + rounds, median and
 NEEDS = Needs(model_cache="read", results_secret=True, engine_ranks=True, api="manage", image="bench")
 
 __all__ = ["CaseResult", "measure_case", "case_table", "unlocks", "BenchOptions", "Options", "bench_fields", "run",
-           "run_matrix", "selected_cases", "TABLE_METRICS", "diagnostic_clients", "run_diagnostics"]
+           "run_matrix", "selected_cases", "TABLE_METRICS", "diagnostic_clients", "run_diagnostics", "ClimbStep",
+           "ClimbDecision", "climb_decision", "climb_cases", "run_climb", "slo_met", "case_slo"]
 
-TABLE_METRICS = (*THROUGHPUT_METRICS, *LATENCY_METRICS, "success_rate")
+TABLE_METRICS = (*THROUGHPUT_METRICS, *LATENCY_METRICS, "success_rate", "request_goodput")
 WARMUP_SEED_OFFSET = 1000
 
 
@@ -70,9 +83,10 @@ class Options(BenchOptions):
     engine: str = option(help="engine name in the profile")
     endpoint: str = option(help="engine base URL, e.g. http://127.0.0.1:8765 (with or without /v1)")
     cases: tuple[str, ...] = option(csv=True, help="comma-separated case names from profile.bench.cases")
-    phase: str = option("measure", choices=("measure", "confirm"),
+    phase: str = option("measure", choices=("measure", "confirm", "climb"),
                         help="confirm: fresh rounds of cases the nightly suspects (steps/gates/regress.py), kept apart "
-                             "in the store")
+                             "in the store; climb: the highest concurrency meeting bench.slo, climbing bench.slo.climb "
+                             "on the shape of the one case --cases names (the qualification's)")
     rounds: int | None = option(None, ge=1, le=100, help="rounds after the warmup, 1 to 100 (default: the profile's)")
     diagnostic_clients: tuple[str, ...] = option(
         (), csv=True, help="another client run once per case after the main rounds on the same requests, "
@@ -86,8 +100,14 @@ class Options(BenchOptions):
         engine_option(self, self.engine)
         check_endpoint(self.endpoint)
         selected_cases(self.the_profile, self.cases)
-        if self.phase not in ("measure", "confirm"):
-            raise UsageError(f"--phase {self.phase}: measure or confirm")
+        if self.phase not in ("measure", "confirm", "climb"):
+            raise UsageError(f"--phase {self.phase}: measure, confirm or climb")
+        slo = self.the_profile.bench.slo
+        if self.phase == "climb" and (slo is None or not slo.climb):
+            raise UsageError(f"--phase climb: profile {self.the_profile.name} states no bench.slo.climb to climb")
+        if self.phase == "climb" and len(self.cases) != 1:
+            raise UsageError(f"--phase climb --cases {','.join(self.cases)}: name the one case whose shape the "
+                             "climb uses (bench.slo.climb_case)")
         bad = [c for c in self.diagnostic_clients if c not in (*DIAGNOSTIC_CLIENTS, "none")]
         if bad or ("none" in self.diagnostic_clients and len(self.diagnostic_clients) > 1):
             raise UsageError(f"--diagnostic-clients {','.join(self.diagnostic_clients)}: "
@@ -109,6 +129,8 @@ class CaseResult:
     client_ceiling_note: str = ""
     warmup_prompts: int = 0
     cold_start_retry: dict[str, Any] | None = None   # the first attempt, when its first round started cold
+    hang: str | None = None                          # why a round stopped: the engine made no progress
+    headroom_note: str = ""                          # why there is no headroom reading, when there is none
     expert_load: dict[str, Any] | None = None        # SGLang's recorder over the measured rounds (steps/cluster/expert_load.py)
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,7 +159,9 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
                  meta: dict[str, Any], bench_python: str | None = None, sample_interval: float = 1.0,
                  prefix_len: int = 0, seeds: list[int] | None = None, phase_tag: str = "",
                  warmup: bool = True, warmup_seed: int | None = None, null_url: str | None = None,
-                 telemetry: tuple[list[Any], str] | None = None, experts: Any = None) -> CaseResult:
+                 telemetry: tuple[list[Any], str] | None = None, experts: Any = None,
+                 trust_remote_code: bool = False, kv_names: Sequence[str] = (),
+                 ranks: Callable[[], Any] | None = None, engine: Engine | None = None) -> CaseResult:
     """Warmup then ``bench.rounds`` rounds of one case; each round parsed, judged and sampled.
 
     ``prefix_len`` prepends a prefix shared by every request (the client derives it from the seed)
@@ -147,37 +171,71 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
     ``telemetry``: the engine ranks' samplers (steps/cluster/rank_telemetry.py ``targets``) and why there are none;
     each round's window is fetched from every rank after the round. ``experts``: the engine's expert
     distribution recorder (steps/cluster/expert_load.py ``Recorder``), started before the measured rounds and
-    stopped, dumped and summarised after them.
+    stopped, dumped and summarised after them. ``trust_remote_code``: the engine's args say so, and the client
+    loads the same tokenizer. ``kv_names``: the engine's KV usage gauges (its adapter's), named when none was
+    read. ``ranks``: reads the engine's ranks now (the back end's), asked only when a round stalls; a stall
+    of ``bench.hang_timeout_s`` stops the round and the case (``res.hang``). ``engine``: the engine's adapter, whose
+    metric names say why a reading is missing (and whose counters may appear at their first count).
+
+    Every round carries the engine's own figures over its window (steps/evidence/stats.py ``engine_figures``:
+    running/waiting, KV usage, prefix hit rate, preemptions, speculative acceptance, its prompt and generated
+    tokens) and is invalid when the client's token counts and the engine's differ by more than
+    ``bench.token_count_tolerance``. With ``bench.slo`` the client computes its goodput against it.
     """
     b = profile.bench
+    goodput = goodput_args(b.slo.ttft_p99_ms, b.slo.tpot_p99_ms) if b.slo is not None else ()
     n = case.num_prompts or b.prompts_per_concurrency * case.concurrency
     seeds = seeds or [b.seed] * b.rounds
     res = CaseResult(case.name, case.concurrency, case.input_len, case.output_len, n)
     raw = Path(out) / "raw"
     tag = f"{case.name}{'-' + phase_tag if phase_tag else ''}"
 
-    def one(label: str, seed: int, num: int) -> dict[str, Any]:
-        req = BenchRequest(endpoint, profile.model.served_name, tokenizer, case.input_len,
-                           case.output_len, case.concurrency, num, seed, raw / f"{tag}-{label}.json",
-                           prefix_len=prefix_len, keep_alive=profile.bench_keep_alive)
+    def request(label: str, seed: int, num: int) -> BenchRequest:
+        return BenchRequest(endpoint, profile.model.served_name, tokenizer, case.input_len,
+                            case.output_len, case.concurrency, num, seed, raw / f"{tag}-{label}.json",
+                            prefix_len=prefix_len, keep_alive=profile.bench_keep_alive,
+                            trust_remote_code=trust_remote_code, goodput=goodput)
+
+    digests: dict[int, tuple[str | None, str | None]] = {}     # seed -> (request-set digest, why none)
+
+    def one(label: str, seed: int, num: int, measured: bool = True) -> dict[str, Any]:
+        req = request(label, seed, num)
+        if measured and seed not in digests:     # drawn before the round, outside its window
+            digests[seed] = _request_digest(req, bench_python is None and client_available())
         t0, wall0 = time.perf_counter(), time.time()
+        hung: str | None = None
         # on a cluster this pod has no GPU and its network is the client's: GPUs come from the ranks only
-        with Sampler(endpoint, interval_s=sample_interval, nvidia_smi=None if cluster else "auto") as s:
-            run = run_client(req, python=bench_python)
+        with Sampler(endpoint, interval_s=sample_interval, nvidia_smi=None if cluster else "auto",
+                     engine_metrics=engine.metrics if engine is not None else None,
+                     counters_from_first_count=engine is not None and engine.counters_from_first_count) as s:
+            check = stall_watch(lambda: s.samples, b.hang_timeout_s, ranks or (lambda: "not read here"))
+            try:
+                run = run_client(req, python=bench_python, watch=check)
+            except EngineHang as exc:      # a failed round, never a retry: the engine would hang again
+                hung = str(exc)
         wall1 = time.time()
-        rec = parse_result(run.result, num)
-        ok, why = round_validity(rec, num)
+        rec = parse_result({} if hung else run.result, num)
+        ok, why = (False, f"engine hang: {hung}") if hung else round_validity(rec, num)
         bound, bound_why = client_bound(rec, res.client_ceiling)
         if bound and cluster and ok:
             ok, why = False, bound_why
         res_s = s.summary()
-        ranks = _ranks_of(telemetry, wall0, wall1, res_s, cluster)
+        rank_tel = _ranks_of(telemetry, wall0, wall1, res_s, cluster)
         # wall_s: the whole wrapped round (sampler, client, parsing) against the client's own time
-        rec.update(valid=ok, invalid_reason=None if ok else why, client_s=run.client_s,
+        rec.update(valid=ok, invalid_reason=None if ok else why, client_s=None if hung else run.client_s,
                    wall_s=time.perf_counter() - t0,
-                   client_mode=run.mode, seed=seed, resources=res_s, headroom=res_s["headroom"],
+                   client_mode=None if hung else run.mode, seed=seed, resources=res_s, headroom=res_s["headroom"],
                    client_ceiling=res.client_ceiling, client_bound=bound, client_bound_detail=bound_why,
-                   telemetry=ranks, window=[round(wall0, 3), round(wall1, 3)])
+                   telemetry=rank_tel, window=[round(wall0, 3), round(wall1, 3)], hang=hung)
+        figures, notes = engine_figures(rec)
+        agree, agree_why = (None, "the round stopped: not compared") if hung else token_counts(rec, b.token_count_tolerance)
+        rec.update(figures, engine_notes=notes, token_counts_agree=agree, token_counts_detail=agree_why)
+        if agree is False and ok:
+            rec.update(valid=False, invalid_reason=f"the client's and the engine's token counts disagree: {agree_why}")
+        if measured:
+            rec["requests_sha256"], rec["requests_note"] = digests[seed]
+        if hung:
+            res.hang = f"{label}: {hung}"
         return rec
 
     cluster = profile.hardware.kind == "kubernetes"
@@ -195,16 +253,19 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
     for attempt in (1, 2):
         if warmup and warm_n > 0:
             res.warmup = one(f"warmup{'' if attempt == 1 else attempt}",
-                             b.seed + WARMUP_SEED_OFFSET if warmup_seed is None else warmup_seed, warm_n)
+                             b.seed + WARMUP_SEED_OFFSET if warmup_seed is None else warmup_seed, warm_n,
+                             measured=False)
         res.rounds = []
-        start_err = experts.start() if experts is not None else None     # clears the previous record
+        start_err = experts.start() if experts is not None and not res.hang else None   # clears the last record
         for i, seed in enumerate(seeds, start=1):
+            if res.hang:        # the engine is stuck: every further round would hang as well
+                break
             rec = one(f"round{i}{'' if attempt == 1 else f'-again{attempt}'}", seed, n)
             rec["round"] = i
             rec["cold_start"], rec["cold_start_detail"] = cold_start(rec, b.cold_start_factor)
             res.rounds.append(rec)
         # a cold start that persists into the first round after the warmup: lengthen the warmup, measure again
-        if attempt == 1 and warmup and warm_n > 0 and res.rounds and res.rounds[0]["cold_start"]:
+        if attempt == 1 and warmup and warm_n > 0 and res.rounds and res.rounds[0]["cold_start"] and not res.hang:
             res.cold_start_retry = {"warmup_prompts": warm_n, "rounds": res.rounds,
                                     "why": res.rounds[0]["cold_start_detail"]}
             warm_n *= 2
@@ -212,11 +273,28 @@ def measure_case(case: BenchCase, profile: Profile, *, endpoint: str, tokenizer:
         break
     res.warmup_prompts = warm_n if warmup else 0
     if experts is not None:
-        res.expert_load = {"error": start_err} if start_err else experts.finish()
+        res.expert_load = ({"skipped": "the engine hung: its recorder was not asked"} if res.hang else
+                           {"error": start_err} if start_err else experts.finish())
     res.stability = stability(res.rounds, b.spread_max_rel, b.rounds)
     heads = [r["headroom"] for r in res.rounds if r.get("headroom") is not None]
     res.headroom = min(heads) if heads else None
+    if res.headroom is None:
+        res.headroom_note = (f"the engine's /metrics had none of {', '.join(kv_names)} during the rounds"
+                             if kv_names else "the engine's adapter declares no KV-cache usage gauge")
     return res
+
+
+def _request_digest(req: BenchRequest, in_process: bool) -> tuple[str | None, str | None]:
+    """(the digest of the request set the client sends for ``req``, why there is none): drawn by vLLM's own
+    dataset code in this interpreter, as the in-process client draws it (steps/client/request_set.py)."""
+    if not in_process:
+        return None, "the client ran in another interpreter (--bench-python): its request set was not drawn here"
+    if not Path(req.tokenizer).is_dir():      # never a hub download: the pipeline's tokenizer is the model's mount
+        return None, f"the tokenizer {req.tokenizer!r} is not a local directory: its request set was not drawn"
+    try:
+        return requests_digest(sample_requests(req)), None
+    except Exception as exc:  # noqa: BLE001 - an unknown digest is recorded as such; the round still runs
+        return None, f"not drawn: {type(exc).__name__}: {exc}".splitlines()[0][:200]
 
 
 def _ranks_of(telemetry: tuple[list[Any], str] | None, since: float, until: float, res_s: dict[str, Any],
@@ -230,7 +308,6 @@ def _ranks_of(telemetry: tuple[list[Any], str] | None, since: float, until: floa
     if agg["gpu_source"] and agg["gpu_util_mean"] is not None:
         res_s.update(gpu_util_mean=agg["gpu_util_mean"], gpu_mem_used_frac_max=agg["gpu_mem_used_frac_max"],
                      gpu_power_w_max=agg["gpu_power_w_max"], gpu_source=f"engine ranks ({agg['gpu_source']})")
-        res_s["headroom"] = headroom(res_s)
     elif cluster:
         res_s["gpu_source"] = ("not sampled on the engine's nodes: " + ("; ".join(agg["unreachable"]) or why or
                                ", ".join(sorted({str(r.get('gpu_source')) for r in ranks}))))
@@ -266,25 +343,49 @@ def expert_rows(results: list[CaseResult], meta: dict[str, Any], phase: str = "m
 
 
 def store_rows(results: list[CaseResult], meta: dict[str, Any], phase: str = "measure",
-               prefix_len: int = 0) -> list[dict[str, Any]]:
+               prefix_len: int = 0, slo: SloSpec | None = None) -> list[dict[str, Any]]:
+    """One row per measured round: the client's figures, the engine's own beside them (:data:`ENGINE_COLUMNS`,
+    the same for every engine, with ``engine_notes`` saying why one is null), the round's machine and the SLO it
+    was judged against."""
+    import json
     rows = []
     for cr in results:
         for rec in cr.rounds:
             r = {**meta, **{k: v for k, v in rec.items() if k not in ("resources", "telemetry")}}
             res = rec.get("resources") or {}
+            if not any(k in rec for k in ENGINE_COLUMNS):      # a record measured before the engine's figures
+                figures, notes = engine_figures(rec)
+                r.update(figures, engine_notes=notes)
+            met, _ = slo_met(rec, slo)
             r.update(case=cr.case, input_len=cr.input_len, output_len=cr.output_len, concurrency=cr.concurrency,
                      prefix_len=prefix_len, phase=phase,
                      cpu_util_mean=res.get("cpu_util_mean"), gpu_util_mean=res.get("gpu_util_mean"),
                      gpu_mem_used_frac_max=res.get("gpu_mem_used_frac_max"),
                      gpu_power_w_max=res.get("gpu_power_w_max"),
                      engine_rss_bytes_max=res.get("engine_tree_rss_bytes_max") or res.get("engine_engine_rss_bytes_max"),
-                     engine_kv_usage_max=res.get("engine_kv_usage_max"),
-                     engine_running_max=res.get("engine_running_max"),
-                     engine_waiting_max=res.get("engine_waiting_max"),
-                     prefix_cache_hit_rate=res.get("prefix_cache_hit_rate"),
-                     net_rx_bytes=res.get("net_rx_bytes"), net_tx_bytes=res.get("net_tx_bytes"))
+                     net_rx_bytes=res.get("net_rx_bytes"), net_tx_bytes=res.get("net_tx_bytes"),
+                     engine_notes=json.dumps(r.get("engine_notes") or {}, sort_keys=True),
+                     slo_ttft_p99_ms=slo.ttft_p99_ms if slo else None, slo_tpot_p99_ms=slo.tpot_p99_ms if slo else None,
+                     slo_met=met)
             rows.append(r)
     return rows
+
+
+def slo_met(t: Mapping[str, Any], slo: SloSpec | None) -> tuple[bool | None, str]:
+    """Whether p99 TTFT and TPOT meet ``slo`` (pure): ``t`` is a round record or a case's median p99s. None
+    without an SLO; a p99 not measured misses it."""
+    if slo is None:
+        return None, "no SLO stated (bench.slo)"
+    misses, meets = [], []
+    for key, limit, label in (("p99_ttft_ms", slo.ttft_p99_ms, "TTFT"), ("p99_tpot_ms", slo.tpot_p99_ms, "TPOT")):
+        v = t.get(key)
+        if v is None:
+            misses.append(f"{label} p99 not measured")
+        elif v > limit:
+            misses.append(f"{label} p99 {v:.4g} ms > {limit:g} ms")
+        else:
+            meets.append(f"{label} p99 {v:.4g} ms <= {limit:g} ms")
+    return (False, "; ".join(misses + meets)) if misses else (True, "; ".join(meets))
 
 
 def unlocks(profile: Profile, results: dict[str, CaseResult]) -> dict[str, tuple[bool, str]]:
@@ -302,19 +403,36 @@ def unlocks(profile: Profile, results: dict[str, CaseResult]) -> dict[str, tuple
             continue
         need = c.headroom_min or 0.0
         if req.headroom is None:
-            ok = need <= 0
-            out[c.name] = (ok, f"{c.requires_stable} stable; memory headroom unknown (no KV/GPU/host reading)")
+            # GPU memory is the engine's static pool and host memory is not the GPUs': neither stands in
+            ok, note = need <= 0, req.headroom_note or "no reading"
+            out[c.name] = (ok, f"{c.requires_stable} stable; KV-cache headroom unknown ({note})"
+                               + ("" if ok else f": {c.name} stays locked (headroom_min {need:.0%})"))
             continue
         if req.headroom < need:
-            out[c.name] = (False, f"{c.requires_stable} stable but headroom {req.headroom:.1%} < {need:.0%}")
+            out[c.name] = (False, f"{c.requires_stable} stable but KV-cache headroom {req.headroom:.1%} < {need:.0%}")
             continue
-        out[c.name] = (True, f"{c.requires_stable} stable ({req.stability.reason}), headroom "
+        out[c.name] = (True, f"{c.requires_stable} stable ({req.stability.reason}), KV-cache headroom "
                              f"{req.headroom:.1%} >= {need:.0%}")
     return out
 
 
-def case_checks(cr: CaseResult, spread_max: float, cluster: bool = False) -> list[Check]:
+def case_slo(rounds: list[dict[str, Any]], slo: SloSpec | None) -> dict[str, Any]:
+    """A case's goodput and SLO verdict over its valid rounds (pure): the median p99s against ``slo``, the median
+    of the client's own goodput and the share of requests it counts as meeting the SLO."""
+    t = case_table(rounds)
+    med = {k: t[k]["median"] for k in ("p99_ttft_ms", "p99_tpot_ms", "request_goodput", "request_throughput")}
+    met, why = slo_met(med, slo)
+    gp, rt = med["request_goodput"], med["request_throughput"]
+    return {"met": met, "why": why, "request_goodput": gp,
+            "good_share": gp / rt if gp is not None and rt else None,
+            "ttft_p99_ms": slo.ttft_p99_ms if slo else None, "tpot_p99_ms": slo.tpot_p99_ms if slo else None}
+
+
+def case_checks(cr: CaseResult, spread_max: float, cluster: bool = False, slo: SloSpec | None = None) -> list[Check]:
     checks = []
+    if cr.hang:
+        checks.append(Check(f"{cr.case}/hang", "fail", "the engine processes tokens while it holds requests",
+                            None, cr.hang))
     bad = [r for r in cr.rounds if not r["valid"]]
     checks.append(Check(f"{cr.case}/rounds-valid", "fail" if bad else "pass", f"{len(cr.rounds)} valid rounds",
                         f"{len(cr.rounds) - len(bad)} valid",
@@ -347,6 +465,15 @@ def case_checks(cr: CaseResult, spread_max: float, cluster: bool = False) -> lis
     checks.append(Check(f"{cr.case}/stable", "pass" if st and st.stable else "skip", f"spread <= {spread_max:.0%}",
                         None if st is None or st.spread_rel is None else round(st.spread_rel, 4),
                         f"{med}; {st.reason if st else 'not judged'}"))
+    if slo is not None:
+        # a case over the SLO is a finding (a long prompt may never meet a TTFT objective), never a broken gate
+        v = case_slo(cr.rounds, slo)
+        gp = (f"goodput {v['request_goodput']:.4g} req/s, {v['good_share']:.0%} of the requests met both"
+              if v["good_share"] is not None else "goodput not reported by the client")
+        checks.append(Check(f"{cr.case}/slo", "pass" if v["met"] else "skip",
+                            f"p99 TTFT <= {slo.ttft_p99_ms:g} ms, p99 TPOT <= {slo.tpot_p99_ms:g} ms",
+                            None if v["request_goodput"] is None else round(v["request_goodput"], 4),
+                            f"median of the valid rounds: {v['why']}; {gp}"))
     return checks
 
 
@@ -362,14 +489,18 @@ def selected_cases(profile: Profile, names: Sequence[str]) -> list[BenchCase]:
 
 def run_matrix(opts: Options, out: Path, spec: EngineSpec, experiment: str,
                *, prefix_len: int = 0, seeds: list[int] | None = None, phase_tag: str = "",
-               phase: str = "measure", warmup_seed: int | None = None
+               phase: str = "measure", warmup_seed: int | None = None,
+               cases: Sequence[BenchCase] | None = None,
+               stop: Callable[[dict[str, CaseResult]], bool] | None = None, warm_once: bool = False
                ) -> tuple[dict[str, CaseResult], list[dict[str, Any]]]:
-    """Measure ``opts.cases`` against ``opts.endpoint`` and append their rounds to the store (unless
-    ``no_store``); returns results and store rows."""
+    """Measure ``opts.cases`` (or ``cases``) against ``opts.endpoint`` and append their rounds to the store
+    (unless ``no_store``); returns results and store rows. ``stop``: asked after each case with the results so
+    far; True measures no further case (the climb's decision). ``warm_once``: only the first case has a warmup
+    (the climb's steps share one shape: the engine is warm for the next)."""
     from gauntlet.steps.evidence.runmeta import run_meta
 
     profile = opts.the_profile
-    cases = selected_cases(profile, opts.cases)
+    cases = list(cases) if cases is not None else selected_cases(profile, opts.cases)
     meta = run_meta(out, profile, opts.engine, spec=spec, experiment=experiment)
     tok = tokenizer_for(profile, opts.tokenizer)
     if opts.bench_python is None:
@@ -380,16 +511,24 @@ def run_matrix(opts: Options, out: Path, spec: EngineSpec, experiment: str,
     from gauntlet.steps.cluster.expert_load import recorder_for
     experts, no_experts = recorder_for(profile, opts.engine, opts.endpoint,
                                        telemetry[0][0][1] if telemetry[0] else None, spec)
+    eng = engine_of(opts.engine)
     with _ceiling_server(profile, opts.no_ceiling) as null_url:
-        for c in cases:
+        for i, c in enumerate(cases):
             results[c.name] = measure_case(c, profile, endpoint=opts.endpoint, tokenizer=tok, out=out, meta=meta,
                                            bench_python=opts.bench_python, sample_interval=opts.sample_interval,
                                            prefix_len=prefix_len, seeds=seeds, phase_tag=phase_tag,
+                                           warmup=i == 0 or not warm_once,
                                            warmup_seed=warmup_seed, null_url=null_url, telemetry=telemetry,
-                                           experts=experts)
+                                           experts=experts, trust_remote_code=spec.args.trust_remote_code,
+                                           kv_names=eng.metrics.get("kv_usage", ()),
+                                           ranks=lambda: _ranks_now(profile, opts.engine, out), engine=eng)
             if experts is None:
                 results[c.name].expert_load = {"skipped": no_experts}
-    rows = store_rows(list(results.values()), meta, phase=phase, prefix_len=prefix_len)
+            if results[c.name].hang:     # the engine is stuck: the cases after it are not measured
+                break
+            if stop is not None and stop(results):
+                break
+    rows = store_rows(list(results.values()), meta, phase=phase, prefix_len=prefix_len, slo=profile.bench.slo)
     if not opts.no_store:
         from gauntlet.steps.evidence.results import append_rounds, append_telemetry
         append_rounds(rows, opts.results_store)
@@ -401,6 +540,15 @@ def run_matrix(opts: Options, out: Path, spec: EngineSpec, experiment: str,
             from gauntlet.steps.evidence.results import append_expert_load
             append_expert_load(erows, opts.results_store)
     return results, rows
+
+
+def _ranks_now(profile: Profile, engine: str, out: Path) -> Any:
+    """The engine's ranks now, through the profile's back end (as the rank watch reads them), or why not."""
+    from gauntlet.steps.backends import backend_for
+    try:
+        return backend_for(profile).ranks(profile, engine, out)
+    except Exception as exc:  # noqa: BLE001 - the API unreachable, say: the hang is named all the same
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
 @contextlib.contextmanager
@@ -446,7 +594,8 @@ def run_diagnostics(opts: Options, out: Path, results: dict[str, CaseResult], to
         for cr in results.values():
             req = BenchRequest(opts.endpoint, profile.model.served_name, tokenizer, cr.input_len, cr.output_len,
                                cr.concurrency, cr.num_prompts, profile.bench.seed,
-                               Path(out) / "raw" / f"{cr.case}-{client}.json", keep_alive=profile.bench_keep_alive)
+                               Path(out) / "raw" / f"{cr.case}-{client}.json", keep_alive=profile.bench_keep_alive,
+                               trust_remote_code=profile.engine(engine).args.trust_remote_code)
             main_s = sorted(r["client_s"] for r in cr.rounds if r.get("client_s"))
             timeout = 300 + 10 * (main_s[len(main_s) // 2] if main_s else 60)
             name = f"{cr.case}/diagnostic-{client}"
@@ -484,7 +633,127 @@ def run_diagnostics(opts: Options, out: Path, results: dict[str, CaseResult], to
     return found, checks
 
 
+@dataclass(frozen=True)
+class ClimbStep:
+    """One concurrency of the climb, as its decision reads it: the median over its valid rounds."""
+
+    concurrency: int
+    output_throughput: float | None
+    p99_ttft_ms: float | None
+    p99_tpot_ms: float | None
+    invalid: str | None = None          # why it was not measured validly (a failed round, a hang)
+
+    @classmethod
+    def of(cls, cr: CaseResult) -> ClimbStep:
+        t = case_table(cr.rounds)
+        bad = cr.hang or next((f"round {r.get('round')}: {r.get('invalid_reason')}" for r in cr.rounds
+                               if not r.get("valid")), None) or (None if cr.rounds else "no round ran")
+        return cls(cr.concurrency, t["output_throughput"]["median"], t["p99_ttft_ms"]["median"],
+                   t["p99_tpot_ms"]["median"], bad)
+
+
+@dataclass(frozen=True)
+class ClimbDecision:
+    go_on: bool                 # measure the next concurrency of the climb
+    highest: int | None         # the highest concurrency measured that meets the SLO (None: none does)
+    saturated: bool             # the climb stopped because more load added latency, not throughput
+    reason: str
+
+
+def climb_decision(steps: Sequence[ClimbStep], slo: SloSpec) -> ClimbDecision:
+    """Whether the climb goes on after ``steps`` (the concurrencies of ``slo.climb`` measured so far, in order),
+    and the highest concurrency that meets the SLO (pure). It stops at the first step that was not measured
+    validly or misses the SLO (the highest is then the step below), or that saturates the server: output
+    throughput gains less than ``slo.saturation_gain_min`` over the step below while its p99 TTFT or TPOT grows
+    (the highest is that step: more load buys latency, not throughput, so no GPU-hour is spent above it); else
+    it goes on to the next concurrency of the climb, and stops after the last one."""
+    highest: int | None = None
+    for i, st in enumerate(steps):
+        c = f"C{st.concurrency}"
+        if st.invalid:
+            return ClimbDecision(False, highest, False, f"{c} was not measured validly ({st.invalid})")
+        met, why = slo_met(asdict(st), slo)
+        if not met:
+            return ClimbDecision(False, highest, False, f"{c} misses the SLO: {why}")
+        highest = st.concurrency
+        prev = steps[i - 1] if i else None
+        if prev is not None and prev.output_throughput and st.output_throughput is not None:
+            gain = st.output_throughput / prev.output_throughput - 1
+            grew = [f"{label} p99 {a:.4g} -> {b:.4g} ms" for label, a, b in
+                    (("TTFT", prev.p99_ttft_ms, st.p99_ttft_ms), ("TPOT", prev.p99_tpot_ms, st.p99_tpot_ms))
+                    if a is not None and b is not None and b > a]
+            if gain < slo.saturation_gain_min and grew:
+                return ClimbDecision(False, highest, True,
+                                     f"{c} saturates the server: output throughput {gain:+.1%} over "
+                                     f"C{prev.concurrency} (< {slo.saturation_gain_min:.0%}) while {', '.join(grew)}")
+    if not steps:
+        return ClimbDecision(True, None, False, "nothing measured yet")
+    last = steps[-1].concurrency
+    above = [c for c in slo.climb if c > last]
+    if above:
+        return ClimbDecision(True, highest, False, f"C{last} meets the SLO; next C{above[0]}")
+    return ClimbDecision(False, highest, False, f"C{last}, the climb's top, meets the SLO: the highest load meeting "
+                                                "it is at least that (bench.slo.climb goes no higher)")
+
+
+def climb_cases(shape: BenchCase, slo: SloSpec) -> list[BenchCase]:
+    """The climb's steps: ``shape``'s input and output length at each concurrency of ``slo.climb``, with
+    ``bench.prompts_per_concurrency`` prompts each (pure)."""
+    return [BenchCase(name=f"climb-c{c}", input_len=shape.input_len, output_len=shape.output_len, concurrency=c)
+            for c in slo.climb]
+
+
+def run_climb(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    """The qualification's climb: the steps of ``bench.slo.climb`` on the shape of ``--cases``, one after another
+    (a warmup before the first only), each judged by :func:`climb_decision` as soon as it is measured."""
+    profile = opts.the_profile
+    slo = profile.bench.slo
+    assert slo is not None          # Options refuses a climb without one
+    engine = profile.engine_name(opts.engine)
+    shape = selected_cases(profile, opts.cases)[0]
+    rounds = opts.rounds or slo.climb_rounds
+    tokenizer_for(profile, opts.tokenizer)
+    client_import_s = preload_client() if opts.bench_python is None else 0.0
+    results, rows = run_matrix(
+        opts, out, profile.engine(engine), "baseline", phase="climb", seeds=[profile.bench.seed] * rounds,
+        cases=climb_cases(shape, slo), warm_once=True,
+        stop=lambda rs: not climb_decision([ClimbStep.of(cr) for cr in rs.values()], slo).go_on)
+    steps = [ClimbStep.of(cr) for cr in results.values()]
+    d = climb_decision(steps, slo)
+    checks: list[Check] = []
+    for st, cr in zip(steps, results.values(), strict=True):
+        met, why = slo_met(asdict(st), slo)
+        checks.append(Check(f"climb/c{st.concurrency}", "fail" if st.invalid else "pass" if met else "skip", "every round valid and the p99s within the SLO",
+                            None if st.output_throughput is None else round(st.output_throughput, 2),
+                            f"{st.invalid}" if st.invalid else
+                            f"{why}; output {_fmt_num(st.output_throughput)} tok/s (median of {len(cr.rounds)} round(s))"))
+    not_run = [c for c in slo.climb if c not in {st.concurrency for st in steps}]
+    # the answer is a finding: none meeting the SLO is what the reader needs to know, never a broken gate
+    checks.append(Check("climb/highest", "pass" if d.highest is not None else "skip",
+                        f"the highest of {', '.join(map(str, slo.climb))} meeting the SLO", d.highest,
+                        f"{'C' + str(d.highest) if d.highest is not None else 'no concurrency'} meets p99 TTFT <= "
+                        f"{slo.ttft_p99_ms:g} ms and TPOT <= {slo.tpot_p99_ms:g} ms on {shape.name}'s shape "
+                        f"({shape.input_len}/{shape.output_len}); stopped: {d.reason}"
+                        + (f"; not measured: {', '.join(f'C{c}' for c in not_run)}" if not_run else "")))
+    write_json_atomic(out / "rounds.json", rows)
+    metrics = {
+        "engine": engine, "outputs": {}, "run_id": rows[0]["run_id"] if rows else None,
+        "climb": {"shape": shape.name, "input_len": shape.input_len, "output_len": shape.output_len,
+                  "slo": slo.model_dump(), "rounds": rounds, "highest": d.highest, "saturated": d.saturated,
+                  "reason": d.reason, "not_run": not_run, "steps": [asdict(st) for st in steps]},
+        "cases": {n: {**cr.to_dict(), "slo": case_slo(cr.rounds, slo)} for n, cr in results.items()},
+        "client_import_s": round(client_import_s, 2),
+    }
+    return checks, metrics
+
+
+def _fmt_num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.4g}"
+
+
 def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    if opts.phase == "climb":
+        return run_climb(opts, out)
     profile = opts.the_profile
     engine = profile.engine_name(opts.engine)
     cases = selected_cases(profile, opts.cases)
@@ -496,8 +765,20 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
                                seeds=[profile.bench.seed] * rounds)
     checks: list[Check] = []
     for cr in results.values():
-        checks += case_checks(cr, profile.bench.spread_max_rel, profile.hardware.kind == "kubernetes")
-    diagnostics, diag_checks = run_diagnostics(opts, out, results, tokenizer_for(profile, opts.tokenizer), engine)
+        checks += case_checks(cr, profile.bench.spread_max_rel, profile.hardware.kind == "kubernetes",
+                              profile.bench.slo)
+    hung = next((cr.case for cr in results.values() if cr.hang), None)
+    if hung is not None:
+        checks += [Check(f"{c.name}/measured", "skip", "measured", False, f"not measured: the engine hung in {hung}")
+                   for c in cases if c.name not in results]
+    # the GPU figures this gate needs: a sampler that reads no GPU fails it, naming the rank and why
+    from gauntlet.steps.cluster.rank_telemetry import gpu_source_check
+    gpus = gpu_source_check([rk for cr in results.values() for r in cr.rounds
+                             for rk in (r.get("telemetry") or {}).get("ranks") or []], profile.hardware.gpus_per_node)
+    checks += [gpus] if gpus else []
+    # never against a hung engine: the diagnostic would hang too
+    diagnostics, diag_checks = ({}, []) if hung is not None else run_diagnostics(
+        opts, out, results, tokenizer_for(profile, opts.tokenizer), engine)
     checks += diag_checks
     outputs: dict[str, Any] = {}
     for name, (ok, why) in unlocks(profile, results).items():
@@ -511,7 +792,7 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
         "engine": engine, "outputs": outputs, "run_id": rows[0]["run_id"] if rows else None,
         "meta": {k: rows[0][k] for k in ("image", "image_digest", "args_hash", "model_fingerprint", "git_rev",
                                          "topology", "context_length", "client", "client_version")} if rows else {},
-        "cases": {n: cr.to_dict() for n, cr in results.items()},
+        "cases": {n: {**cr.to_dict(), "slo": case_slo(cr.rounds, profile.bench.slo)} for n, cr in results.items()},
         "wrapper_overhead_rel_max": max(overhead) if overhead else None,
         "client_import_s": round(client_import_s, 2),
     }

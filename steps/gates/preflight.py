@@ -16,7 +16,7 @@ import posixpath
 import shutil
 import socket
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from gauntlet.steps.model.config_checks import config_checks
 from gauntlet.steps.model.fingerprint import component_of, extract_fingerprint, fingerprint, fingerprint_diff
 from gauntlet.steps.model.marker import CHECKSUM_FILES, CHECKSUM_SUFFIXES, is_checksum_file, parse_marker
 from gauntlet.steps.model.checks import INDEX_NAME, layout_checks
+from gauntlet.steps.model.expectations import Handling, handling, settle, snippet
+from gauntlet.steps.model.draft_checks import draft_checks
 from gauntlet.steps.model.shards import PARTIAL_SUFFIX, index_path_problem, read_header, resolve_inside, walk_entries
 from gauntlet.steps.model.tensor_checks import consistency_checks
 from gauntlet.steps.options import GateOptions, option
@@ -46,6 +48,9 @@ class Options(GateOptions):
     model_path: str | None = option(None, help="model directory (default: the profile's model.mount_path; relative "
                                                "to the current dir)")
     pin: str | None = option(None, help="pinned fingerprint JSON (or a previous preflight verdict.json)")
+    discover: bool = option(False, help="a discovery run: pass each expectation the profile leaves null as "
+                                        "'discovered' with the value this directory holds, and write them as the "
+                                        "YAML to paste into the profile (discovered.yaml)")
 
 
 def resolve_model_path(profile: Profile, given: str | None) -> Path:
@@ -281,9 +286,11 @@ def _config_json_check(facts: dict[str, Any]) -> tuple[Check, dict[str, Any] | N
     return Check("config-json", "pass", "config.json", "config.json", "parses"), info["json"]
 
 
-def judge(facts: dict[str, Any], spec: ModelSpec, pin: dict[str, Any] | None = None
-          ) -> tuple[list[Check], dict[str, Any]]:
-    """Pure: facts -> (checks, metrics). The metrics carry the fingerprint."""
+def judge(facts: dict[str, Any], spec: ModelSpec, pin: dict[str, Any] | None = None, *,
+          unknowns: Handling = "require") -> tuple[list[Check], dict[str, Any]]:
+    """Pure: facts -> (checks, metrics). The metrics carry the fingerprint. ``unknowns``: what an expectation
+    the profile leaves null becomes (steps/model/expectations.py: reported, failed, or discovered, the values
+    then in ``metrics["discovered"]``)."""
     if facts.get("dir_error"):
         return [Check("model-dir", "fail", "a readable model directory", None, facts["dir_error"])], {}
     checks = [Check("model-dir", "fail" if facts.get("list_errors") else "pass", "a readable model directory",
@@ -294,6 +301,12 @@ def judge(facts: dict[str, Any], spec: ModelSpec, pin: dict[str, Any] | None = N
         checks += config_checks(cfg, spec.architecture)
     checks += layout_checks(facts, spec)
     checks += consistency_checks(facts, cfg, spec.architecture)
+    checks, discovered = settle(checks, spec, unknowns)
+    if unknowns == "discover":
+        checks.append(Check("discovered", "pass" if discovered else "skip", None, sorted(discovered),
+                            f"{len(discovered)} expectation(s) the profile leaves null, as this directory holds "
+                            "them: discovered.yaml beside this verdict, to merge into the profile" if discovered
+                            else "nothing to discover: the profile states every Gate 0 expectation"))
 
     fp = fingerprint(facts["files"], facts["shards"])
     if pin is not None:
@@ -321,6 +334,8 @@ def judge(facts: dict[str, Any], spec: ModelSpec, pin: dict[str, Any] | None = N
         "fingerprint": fp,
         "outputs": {"fingerprint": fp["sha256"]},
     }
+    if unknowns == "discover":
+        metrics["discovered"] = discovered
     return checks, metrics
 
 
@@ -361,13 +376,27 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     gc.disable()
     try:
         facts = gather(model_dir, profile.model)
-        checks, metrics = judge(facts, profile.model, pin)
+        checks, metrics = judge(facts, profile.model, pin, unknowns=handling(profile.purpose, opts.discover))
+        if not facts.get("dir_error"):      # a planned variant's draft, where its engine takes it from the checkpoint
+            cfg = (facts["files"].get("config.json") or {}).get("json")
+            checks += draft_checks(profile, cfg if isinstance(cfg, dict) else None,
+                                   lambda rel: (model_dir / rel).is_file())
     finally:
         if was_enabled:
             gc.enable()
     # which node saw this directory: the pod spec sets NODE_NAME from spec.nodeName (downward API)
     metrics["node"] = os.environ.get("NODE_NAME") or socket.gethostname()
     write_json_atomic(out / "facts.json", _evidence_facts(facts))
+    if metrics.get("discovered"):
+        # the snippet to paste, and where it is: the check's detail names the file (printed in the step's summary
+        # and kept in verdict.json), so a discovery run on a cluster's node says where its values are
+        where = f"{model_dir} on node {metrics['node']}"
+        written = (out / "discovered.yaml").resolve()
+        written.write_text(snippet(metrics["discovered"], profile.name, where))
+        checks = [replace(c, detail=f"{len(metrics['discovered'])} expectation(s) profile {profile.name} leaves "
+                          f"null, as {where} holds them: written to {written}; check each against the release, "
+                          "then merge it into the profile's model: section") if c.name == "discovered" else c
+                  for c in checks]
     if metrics.get("fingerprint"):
         write_json_atomic(out / "fingerprint.json", metrics["fingerprint"])
     for name in facts.get("checksums", {}):

@@ -29,6 +29,12 @@ one is ``unconfirmed`` (passes, shown). A suspicion with no confirmation rounds
 beyond it, else ``suspect``. ``improved`` is better than the centre by the
 single-night band; fewer nights than ``min_history`` give ``insufficient
 history``, which passes.
+
+What users read is the *verdict* of each label (:data:`VERDICT`): ``regressed``, ``suspicious``
+(``unconfirmed``, ``suspect``), ``no regression`` (``ok``, ``improved``, with a note) or ``insufficient
+data``. A regressed or suspicious verdict names its last good and first bad night and what differed
+between them (:data:`PROVENANCE`: image digest, engine args, driver, nodes, model, git revision);
+:func:`summary` says the whole night in one line (the top of report.md).
 """
 
 from __future__ import annotations
@@ -45,17 +51,19 @@ from gauntlet.steps.gate import Needs
 from gauntlet.contract import Check, Status, write_json_atomic
 from gauntlet.contract import UsageError
 from gauntlet.steps.gates.shared_options import ResultsOptions
-from gauntlet.steps.gates.shared_options import engine_option
+from gauntlet.steps.gates.shared_options import carry_upstream, engine_option, upstream_option, upstream_phases
 from gauntlet.steps.evidence.stats import mad, median
 from gauntlet.steps.options import option
 
 NAME = "regress"
-HELP = "Nightly: label each case metric ok / regressed / improved / insufficient history against the store"
+HELP = ("Nightly: each case metric's verdict against the store: regressed / suspicious / no regression / "
+        "insufficient data")
 NEEDS = Needs(results_secret=True, size="large")
 
 __all__ = ["Options", "Rule", "Label", "METRICS", "judge_metric", "judge", "nightly_medians", "run", "DEFAULT_RULE",
            "suspect_cases", "FAILING", "PASSING", "origin", "PROVENANCE", "nightly_rounds", "round_sigma",
-           "confirm_sigma", "median_var"]
+           "confirm_sigma", "median_var", "VERDICT", "VERDICTS", "verdict_of", "summary", "origin_text",
+           "what_changed", "judge_night", "night_rows"]
 
 # metric -> (direction: +1 higher is better, -1 lower is better, relative floor)
 METRICS: dict[str, tuple[int, float]] = {
@@ -66,12 +74,28 @@ METRICS: dict[str, tuple[int, float]] = {
     "p99_e2el_ms": (-1, 0.15),
 }
 SIGMA_PER_MAD = 1.4826
-# what a regressed label compares between the last good and the first bad night
-PROVENANCE = ("image_digest", "args_hash", "model_fingerprint", "git_rev", "nodes")
+# what a regressed or suspicious verdict compares between the last good and the first bad night (results store
+# columns; args_hash is also the history's key, so within one history it never differs: a changed flag starts a
+# new history, whose first nights read "insufficient data")
+PROVENANCE = ("image_digest", "args_hash", "driver", "nodes", "model_fingerprint", "git_rev")
+# how the one-line summary names them
+PROVENANCE_SHORT = {"image_digest": "image", "args_hash": "args", "driver": "driver", "nodes": "nodes",
+                    "model_fingerprint": "model", "git_rev": "rev"}
 
 
 FAILING = ("regressed",)
 PASSING = ("ok", "improved", "unconfirmed", "suspect", "insufficient history")
+# the user's verdict of each internal label: only a confirmed regression is `regressed` (and fails the gate)
+VERDICTS = ("regressed", "suspicious", "no regression", "insufficient data")
+VERDICT = {"regressed": "regressed", "unconfirmed": "suspicious", "suspect": "suspicious", "ok": "no regression",
+           "improved": "no regression", "insufficient history": "insufficient data"}
+# the labels whose night is worse than the suspect band: their verdict carries an origin
+WORSE = ("regressed", "unconfirmed", "suspect")
+
+
+def verdict_of(label: str) -> str:
+    """The user's verdict of an internal label (:data:`VERDICT`)."""
+    return VERDICT[label]
 
 
 @dataclass(frozen=True)
@@ -105,10 +129,40 @@ class Label:
     confirm_threshold: float | None = None
     confirm_change_rel: float | None = None
     confirm_rounds: int = 0
-    origin: dict[str, Any] | None = None    # regressed only: last good / first bad night and what differed
+    origin: dict[str, Any] | None = None    # regressed / suspicious: last good / first bad night, what differed
+
+    @property
+    def verdict(self) -> str:
+        """What the user reads: regressed / suspicious / no regression / insufficient data."""
+        return verdict_of(self.label)
+
+    @property
+    def note(self) -> str:
+        """Why the verdict, in a few words (empty for a plain ``ok``)."""
+        return _note(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "verdict": self.verdict, "note": self.note}
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x:+.1%}"
+
+
+def _note(lb: Label) -> str:
+    if lb.label == "insufficient history":
+        return f"{lb.nights} night(s) of history" + ("" if lb.value is not None else ", no value tonight")
+    if lb.label == "improved":
+        return f"improved {_pct(lb.change_rel)}"
+    if lb.label == "ok":
+        return ""
+    night = f"night {_pct(lb.change_rel)}"
+    if lb.confirm_rounds:
+        again = f"{lb.confirm_rounds} fresh rounds {_pct(lb.confirm_change_rel)}"
+        return f"{night}, confirmed by {again}" if lb.label == "regressed" else f"{night}, not confirmed by {again}"
+    if lb.label == "regressed":
+        return f"{night}, beyond the single-night band (no confirmation rounds)"
+    return f"{night}, suspected, no confirmation rounds"
 
 
 # Variance of the median of n independent standard normal rounds (n = 1..12; pi / 2n beyond):
@@ -246,12 +300,14 @@ def origin(nights: Sequence[tuple[str, Mapping[str, Any], float | None]], curren
             continue
         last_good = (run_id, meta)
         break
+    # a column one of the two nights did not record (rows from before it existed) is not a change
     differed = {} if last_good is None else {
         k: {"last_good": last_good[1].get(k), "first_bad": first_bad[1].get(k)}
-        for k in PROVENANCE if last_good[1].get(k) != first_bad[1].get(k)}
+        for k in PROVENANCE if last_good[1].get(k) != first_bad[1].get(k)
+        and last_good[1].get(k) is not None and first_bad[1].get(k) is not None}
 
     def night(n: tuple[str, Mapping[str, Any]] | None) -> dict[str, Any] | None:
-        return None if n is None else {"run_id": n[0], "timestamp": n[1].get("timestamp"),
+        return None if n is None else {"run_id": n[0], "date": n[1].get("date"), "timestamp": n[1].get("timestamp"),
                                        **{k: n[1].get(k) for k in PROVENANCE}}
     return {"last_good": night(last_good), "first_bad": night(first_bad), "differed": differed}
 
@@ -285,6 +341,47 @@ def nightly_rounds(rows: Iterable[Mapping[str, Any]], metrics: Iterable[str] = M
             for rid in ordered}
 
 
+def night_rows(rows: Iterable[Mapping[str, Any]], run_id: str
+               ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(this night's measured rounds, the history's, this night's confirmation rounds) of baseline store rows
+    (pure). Like with like: the history is the other runs' measured rounds with the same args hash and client
+    per (engine, case) as this night's."""
+    rows = list(rows)
+    mine = [r for r in rows if r["run_id"] == run_id and r.get("phase") == "measure"]
+    confirm_rows = [r for r in rows if r["run_id"] == run_id and r.get("phase") == "confirm"]
+    keyinfo = {(r["engine"], r["case"]): (r.get("args_hash"), r.get("client")) for r in mine}
+    past = [r for r in rows if r["run_id"] != run_id and r.get("phase") == "measure"
+            and keyinfo.get((r["engine"], r["case"])) == (r.get("args_hash"), r.get("client"))]
+    return mine, past, confirm_rows
+
+
+def judge_night(rows: Iterable[Mapping[str, Any]], run_id: str, rule: Rule = DEFAULT_RULE, night_rounds: int = 3,
+                confirmed: bool = True) -> list[Label]:
+    """The labels of night ``run_id`` against every other night in ``rows`` (pure; baseline store rows, both
+    phases): what the regress step decides (without the origins), and what the history page marks on each
+    night when given only the rows up to that night. ``confirmed``: the final stage, which takes this night's
+    confirmation rounds; the suspect stage does not."""
+    mine, past, confirm_rows = night_rows(rows, run_id)
+    if not mine:
+        return []
+    current = nightly_medians(mine)[run_id]
+    history: dict[tuple[str, str], list[dict[str, float | None]]] = {}
+    history_rounds: dict[tuple[str, str], list[dict[str, list[Any]]]] = {}
+    for night in nightly_rounds(past).values():
+        for key, vals in night.items():
+            history.setdefault(key, []).append({m: median(vs) for m, vs in vals.items()})
+            history_rounds.setdefault(key, []).append(vals)
+    confirm = {}
+    if confirmed and confirm_rows:
+        medians = nightly_medians(confirm_rows).get(run_id, {})
+        counts: dict[tuple[str, str], int] = {}
+        for r in confirm_rows:
+            if r.get("valid"):
+                counts[(r["engine"], r["case"])] = counts.get((r["engine"], r["case"]), 0) + 1
+        confirm = {key: (vals, counts[key]) for key, vals in medians.items()}
+    return judge(current, history, rule, confirm=confirm, night_rounds=night_rounds, history_rounds=history_rounds)
+
+
 # ---- the step ---------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,9 +396,14 @@ class Options(ResultsOptions):
     window: int = option(DEFAULT_RULE.window, ge=1, le=10_000, help="nights of history judged (1 to 10000)")
     min_history: int = option(DEFAULT_RULE.min_history, ge=1, le=10_000,
                               help="nights needed before judging (1 to --window)")
+    # the final stage runs whatever happened before it (workflows/graph.py): it judges what was measured, then
+    # fails when a task before it did not pass (shared_options.upstream_check), so Argo's RETRY still resets the
+    # failed gate (a failed node with a Succeeded descendant is not reset)
+    upstream: tuple[str, ...] = upstream_option()
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        upstream_phases(self.upstream)
         if self.k < DEFAULT_RULE.k_suspect:
             raise UsageError(f"--k {self.k}: must be at least the suspect band's k {DEFAULT_RULE.k_suspect} (a night "
                              "beyond the band but inside the suspect band would pass unexamined)")
@@ -319,8 +421,9 @@ class Options(ResultsOptions):
 
 
 def _detail(lb: Label, rule: Rule) -> str:
+    head = lb.verdict if lb.verdict == lb.label else f"{lb.verdict} ({lb.label})"
     if lb.label == "insufficient history":
-        return f"insufficient history: {lb.nights} of {rule.min_history} nights needed"
+        return f"{head}: {lb.nights} of {rule.min_history} nights needed"
     text = (f"{lb.value:.4g} vs median {lb.centre:.4g} of {lb.nights} nights "
             f"({lb.change_rel:+.1%}; threshold ±{lb.threshold:.3g})")
     if lb.confirm_rounds:
@@ -328,15 +431,72 @@ def _detail(lb: Label, rule: Rule) -> str:
                  f"({lb.confirm_change_rel:+.1%}; threshold ±{lb.confirm_threshold:.3g})")
     elif lb.suspected:
         text += "; suspected, no confirmation rounds: judged on the single-night band"
-    if lb.origin and lb.origin.get("last_good"):
-        o = lb.origin
-        what = ", ".join(f"{k} {v['last_good']} -> {v['first_bad']}" for k, v in o["differed"].items())
-        text += (f"; last good night {o['last_good']['run_id']}, first bad {o['first_bad']['run_id']}: "
-                 f"{what or 'same image, args, model, revision and nodes'}")
-    return f"{lb.label}: {text}"
+    if lb.origin:
+        text += "; " + origin_text(lb.origin)
+    return f"{head}: {text}"
+
+
+def _short(v: Any) -> str:
+    """A provenance value as the summary line shows it: a digest's first 12 hex digits."""
+    text = str(v)
+    algo, _, digest = text.partition(":")
+    return f"{algo}:{digest[:12]}" if algo == "sha256" and len(digest) > 12 else text
+
+
+def what_changed(o: Mapping[str, Any], short: bool = False) -> str:
+    """What differed between an origin's last good and first bad night, one phrase."""
+    if not o.get("last_good"):
+        return "no good night in the window"
+    name = PROVENANCE_SHORT if short else {k: k for k in PROVENANCE}
+    fmt = _short if short else str
+    parts = [f"{name.get(k, k)} {fmt(v['last_good'])}->{fmt(v['first_bad'])}" for k, v in o["differed"].items()]
+    return ", ".join(parts) or "same image, args, driver, nodes, model and revision"
+
+
+def origin_text(o: Mapping[str, Any]) -> str:
+    """An origin in words: the last good and first bad nights (run id, date) and what differed."""
+    def night(n: Mapping[str, Any] | None) -> str:
+        return "none" if not n else f"{n['run_id']} ({n.get('date') or str(n.get('timestamp') or '?')[:10]})"
+    return (f"last good night {night(o.get('last_good'))}, first bad {night(o.get('first_bad'))}: "
+            f"{what_changed(o)}")
+
+
+def summary(labels: Iterable[Mapping[str, Any]]) -> str:
+    """The night in one line (pure, over stored label dicts): the count of each verdict, and each regressed
+    case metric with its change and where it came from, e.g. ``1 regressed (sglang/chat-c16 output_throughput
+    -7.9%, first bad n13: image sha256:aa->sha256:bb), 1 suspicious, 10 no regression``."""
+    labels = list(labels)
+    counts = {v: 0 for v in VERDICTS}
+    regressed = []
+    for lb in labels:
+        v = lb.get("verdict") or verdict_of(lb["label"])
+        counts[v] += 1
+        if v == "regressed":
+            change = lb.get("confirm_change_rel") if lb.get("confirm_change_rel") is not None else lb.get("change_rel")
+            text = f"{lb['engine']}/{lb['case']} {lb['metric']} {_pct(change)}"
+            o = lb.get("origin") or {}
+            if o.get("first_bad"):
+                text += f", first bad {o['first_bad']['run_id']}: {what_changed(o, short=True)}"
+            regressed.append(text)
+    if not labels:
+        return "no regression verdict"
+    parts = []
+    for v in VERDICTS:
+        if not counts[v]:
+            continue
+        if v == "regressed":
+            shown = regressed[:3] + ([f"and {len(regressed) - 3} more"] if len(regressed) > 3 else [])
+            parts.append(f"{counts[v]} regressed ({'; '.join(shown)})")
+        else:
+            parts.append(f"{counts[v]} {v}")
+    return ", ".join(parts)
 
 
 def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    return carry_upstream(_judge_run(opts, out), opts.upstream, "regress judged what was measured (the labels above)")
+
+
+def _judge_run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     from gauntlet.steps.evidence.runmeta import run_dir_of
     from gauntlet.steps.evidence.results import load_rounds
 
@@ -352,42 +512,20 @@ def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
                    "; their rows are out of the history: judged on the rest")] if quarantined else []
     rows = [r for r in table.to_pylist() if (r.get("experiment") or "baseline") == "baseline"
             and (only is None or r["engine"] == only)]
-    mine = [r for r in rows if r["run_id"] == run_id and r.get("phase") == "measure"]
-    confirm_rows = [r for r in rows if r["run_id"] == run_id and r.get("phase") == "confirm"]
-    rows = [r for r in rows if r.get("phase") == "measure"]
+    mine, past, confirm_rows = night_rows(rows, run_id)
     kept_aside = {"quarantined": quarantined} if quarantined else {}
     nothing = {"outputs": {"regressed": False, "suspect": False, "suspect_cases": ""}, "labels": [], **kept_aside}
     if not mine:
         return [*store, Check("this-run-results", "skip", f"rounds of run {run_id}", None,
                       f"no baseline perf rounds for run {run_id} in the store: nothing to compare")], nothing
-    # like with like: same args hash and client per (engine, case) as this run
-    keyinfo = {(r["engine"], r["case"]): (r.get("args_hash"), r.get("client")) for r in mine}
-    past = [r for r in rows if r["run_id"] != run_id and keyinfo.get((r["engine"], r["case"])) ==
-            (r.get("args_hash"), r.get("client"))]
-    current = nightly_medians(mine)[run_id]
-    history: dict[tuple[str, str], list[dict[str, float | None]]] = {}
-    history_rounds: dict[tuple[str, str], list[dict[str, list[Any]]]] = {}
-    for night in nightly_rounds(past).values():
-        for key, vals in night.items():
-            history.setdefault(key, []).append({m: median(vs) for m, vs in vals.items()})
-            history_rounds.setdefault(key, []).append(vals)
-    confirm = {}
-    if stage == "final" and confirm_rows:
-        medians = nightly_medians(confirm_rows)[run_id]
-        counts: dict[tuple[str, str], int] = {}
-        for r in confirm_rows:
-            if r.get("valid"):
-                counts[(r["engine"], r["case"])] = counts.get((r["engine"], r["case"]), 0) + 1
-        confirm = {key: (vals, counts[key]) for key, vals in medians.items()}
-    labels = judge(current, history, rule, confirm=confirm, night_rounds=profile.bench.rounds,
-                   history_rounds=history_rounds)
-    labels = [_with_origin(lb, past, mine, rule) if lb.label in FAILING else lb for lb in labels]
+    labels = judge_night(rows, run_id, rule, night_rounds=profile.bench.rounds, confirmed=stage == "final")
+    labels = [_with_origin(lb, past, mine, rule) if lb.label in WORSE else lb for lb in labels]
     checks = list(store)
     for lb in labels:
         status: Status = "fail" if stage == "final" and lb.label in FAILING else "pass"
         expected = (f"within ±{lb.threshold:.3g} of median" if lb.threshold is not None
                     else f">= {rule.min_history} nights")
-        checks.append(Check(f"{lb.engine}/{lb.case}/{lb.metric}", status, expected, lb.label, _detail(lb, rule)))
+        checks.append(Check(f"{lb.engine}/{lb.case}/{lb.metric}", status, expected, lb.verdict, _detail(lb, rule)))
     suspects = suspect_cases(labels)
     doc = {"run_id": run_id, "stage": stage, "rule": asdict(rule), "labels": [lb.to_dict() for lb in labels],
            "rounds": {"measure": _rounds_by_case(mine), "confirm": _rounds_by_case(confirm_rows)}}
@@ -404,7 +542,7 @@ def _night_meta(rows: Iterable[Mapping[str, Any]], key: tuple[str, str]) -> dict
     out: dict[str, dict[str, Any]] = {}
     for r in sorted(rows, key=lambda r: r.get("timestamp") or ""):
         if (r["engine"], r["case"]) == key:
-            out[r["run_id"]] = {k: r.get(k) for k in ("timestamp", *PROVENANCE)}
+            out[r["run_id"]] = {k: r.get(k) for k in ("date", "timestamp", *PROVENANCE)}
     return out
 
 

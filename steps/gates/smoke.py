@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from gauntlet.steps.gate import Needs
 from gauntlet.params.models import Profile
@@ -342,13 +344,15 @@ CHECKS: list[tuple[str, Callable[[Ctx], list[Check]]]] = [
 ]
 
 
-def known_deviations(checks: list[Check], declared: dict[str, str], engine: str,
-                     alive: list[str]) -> tuple[list[Check], dict[str, Any]]:
+def known_deviations(checks: list[Check], declared: dict[str, str], engine: str, alive: list[str],
+                     hung: Collection[str] = ()) -> tuple[list[Check], dict[str, Any]]:
     """Apply ``engines.<engine>.known_deviations`` (pure). A declared check that fails is recorded as a
-    known deviation (status skip, the reason and what was seen kept) only while the engine still answers
-    correctly (``alive``: the problems of an arithmetic probe asked after every check); a declared check
-    that passes fails, so a fixed engine forces the list to be cleaned; a declared name that is no
-    Gate 3 check fails."""
+    known deviation (status skip, the reason and what was seen kept) only when the engine *answered* it and
+    stayed up: ``hung`` names the checks during which a request got no answer (a timeout, a connection lost)
+    and ``alive`` holds the problems seen after every check (a wrong arithmetic answer, /health not 200, a rank
+    that exited or restarted). A hang or a rank down is never the declared deviation: those checks stay
+    failures. A declared check that passes fails, so a fixed engine forces the list to be cleaned; a declared
+    name that is no Gate 3 check fails."""
     if not declared:
         return checks, {}
     names = {c.name for c in checks}
@@ -362,14 +366,19 @@ def known_deviations(checks: list[Check], declared: dict[str, str], engine: str,
             out.append(Check(c.name, "fail", "the declared deviation", c.observed,
                              f"engines.{engine}.known_deviations declares {c.name!r}, but the engine now passes "
                              f"it ({c.detail}): remove it from the profile"))
-        elif c.status == "fail" and not alive:
+        elif c.status != "fail":
+            out.append(c)
+        elif c.name in hung:
+            out.append(Check(c.name, "fail", c.expected, c.observed,
+                             f"{c.detail}; not excused as a known deviation: a request of this check got no "
+                             "answer in time (the engine hung or went away), which no declaration covers"))
+        elif alive:
+            out.append(Check(c.name, "fail", c.expected, c.observed,
+                             f"{c.detail}; not excused as a known deviation: {'; '.join(alive)}"))
+        else:
             record[c.name] = {"reason": why, "observed": c.detail}
             out.append(Check(c.name, "skip", c.expected, c.observed,
                              f"known deviation (engines.{engine}.known_deviations): {c.detail} | why: {why}"))
-        else:
-            out.append(c if alive == [] else Check(c.name, "fail", c.expected, c.observed,
-                                                   f"{c.detail}; not excused as a known deviation: "
-                                                   f"{'; '.join(alive)}"))
     unknown = sorted(set(declared) - names)
     if unknown:
         out.append(Check("known-deviations", "fail", sorted(names), unknown,
@@ -378,32 +387,66 @@ def known_deviations(checks: list[Check], declared: dict[str, str], engine: str,
     return out, record
 
 
+def _health(ctx: Ctx) -> list[str]:
+    """GET /health after every check: 200, or why not (SGLang 0.5.23 answers 503 while it starts or shuts down,
+    ``sglang/srt/entrypoints/http_server.py`` ``health_generate``; vLLM and llama.cpp's server 200 once ready)."""
+    try:
+        r = ctx.client.health()
+    except httpx.HTTPError as exc:
+        return [f"GET /health after every check: no answer ({type(exc).__name__}: {exc})"]
+    return [] if r.status_code == 200 else [f"GET /health after every check: HTTP {r.status_code}"]
+
+
 def run_checks(client: EngineClient, profile: Profile, engine: str,
-               after: Callable[[str], None] | None = None) -> tuple[list[Check], dict[str, float]]:
+               after: Callable[[str], None] | None = None,
+               ranks: Callable[[], list[str]] | None = None) -> tuple[list[Check], dict[str, float]]:
     """Every check in order, each independent of the others; ``after(name)`` runs between them.
-    The engine's declared known deviations are applied last (:func:`known_deviations`)."""
+    The engine's declared known deviations are applied last (:func:`known_deviations`), after one more right
+    answer, a /health probe and ``ranks()`` (the problems of the engine's ranks since the gate began: the rank
+    watch; None: not watched)."""
     ctx = Ctx(client, profile, engine)
     checks: list[Check] = []
     seconds: dict[str, float] = {}
+    hung: set[str] = set()
     for name, fn in CHECKS:
-        t0 = time.monotonic()
-        checks += fn(ctx)
+        t0, unanswered = time.monotonic(), client.unanswered
+        got = fn(ctx)
+        checks += got
+        if client.unanswered > unanswered:      # which request of the group it was is not known: all of them
+            hung |= {c.name for c in got}
         seconds[name] = round(time.monotonic() - t0, 3)
         if after is not None:
             after(name)
     declared = dict(profile.engines[engine].known_deviations) if engine in profile.engines else {}
     if declared:
-        alive = _right_answer(ctx, "after every check")
-        checks, _ = known_deviations(checks, declared, engine, alive)
+        alive = _right_answer(ctx, "after every check") + _health(ctx) + (ranks() if ranks is not None else [])
+        checks, _ = known_deviations(checks, declared, engine, alive, hung)
     return checks, seconds
+
+
+def _rank_watch(profile: Profile, engine: str, out: Path) -> Callable[[], list[str]] | None:
+    """Read the deployed engine's ranks now; return a function giving the ranks that exited, restarted or were
+    replaced since (``steps/gates/watch_ranks.py``, the runner's rank watch); None when there are none to watch
+    or they cannot be read (the runner's ``engine_ranks`` check says so for the whole gate)."""
+    from gauntlet.steps.gates.watch_ranks import check, snapshot
+    before = snapshot(profile, engine, out)
+    if not before or isinstance(before, str):
+        return None
+
+    def problems() -> list[str]:
+        c = check(NAME, before, snapshot(profile, engine, out))
+        return [c.detail] if c.status == "fail" else []
+    return problems
 
 
 def run(opts: Options, out: Path) -> tuple[list[Check], dict[str, Any]]:
     profile = opts.the_profile
     engine = profile.engine_name(opts.engine)
+    # a declared deviation is excused only while every rank stays up: watch them from here when there is one
+    ranks = _rank_watch(profile, engine, out) if profile.engine(engine).known_deviations else None
     with EngineClient(opts.endpoint, profile.smoke.request_timeout_s, keep_log=True,
                       keep_alive=profile.engine(engine).keep_alive) as client:
-        checks, seconds = run_checks(client, profile, engine)
+        checks, seconds = run_checks(client, profile, engine, ranks=ranks)
     declared = profile.engine(engine).known_deviations
     deviations = {c.name: {"reason": declared[c.name], "observed": c.observed}
                   for c in checks if c.status == "skip" and c.name in declared}

@@ -12,6 +12,7 @@ from typing import Any
 
 from gauntlet.params.models import ModelSpec
 from gauntlet.contract import Check
+from gauntlet.steps.model.expectations import unknown
 from gauntlet.steps.model.marker import is_checksum_file
 from gauntlet.steps.model.shards import PARTIAL_SUFFIX
 
@@ -190,8 +191,8 @@ def _dtype_checks(facts: dict[str, Any], spec: ModelSpec) -> list[Check]:
         name = f"quant-dtypes.{label}"
         observed = dict(seen)
         if not want:
-            out.append(Check(name, "skip", None, observed, "unknown expectation: fill model.architecture."
-                             f"quantization.{label}_dtypes from the released checkpoint"))
+            out.append(unknown(name, observed, f" from the released checkpoint (its {label} tensors: "
+                                               f"{sorted(observed) or 'none'})"))
         elif not seen:
             out.append(Check(name, "fail", want, observed, f"no tensor ends with {' or '.join(suffixes)}: expected "
                              f"packed {label}s in {'/'.join(want)}"))
@@ -242,8 +243,7 @@ def _totals(facts: dict[str, Any], spec: ModelSpec) -> list[Check]:
     for name, want, got, unit, field in (("shard-count", spec.shards, n, "shards", "shards"),
                                          ("weight-bytes", spec.weight_bytes, total, "bytes", "weight_bytes")):
         if want is None:
-            out.append(Check(name, "skip", None, got, f"unknown expectation: fill model.{field} "
-                             f"(observed {got:,} {unit})"))
+            out.append(unknown(name, got, f" (observed {got:,} {unit})"))
         elif want == got:
             out.append(Check(name, "pass", want, got, f"{got:,} {unit}"))
         else:
@@ -255,8 +255,8 @@ def _totals(facts: dict[str, Any], spec: ModelSpec) -> list[Check]:
 def _revision(facts: dict[str, Any], spec: ModelSpec) -> Check:
     rev, src = facts.get("revision"), facts.get("revision_source")
     if spec.revision is None:
-        return Check("revision", "skip", None, rev, "unknown expectation: fill model.revision"
-                     + (f" (observed {rev!r} from {src})" if rev else " (none recorded in the model directory)"))
+        return unknown("revision", rev, f" (observed {rev!r} from {src})" if rev else
+                       " (none recorded in the model directory)")
     if rev is None:
         return Check("revision", "fail", spec.revision, None,
                      "no revision recorded (marker revision, .cache/huggingface metadata or config _commit_hash)")

@@ -24,6 +24,7 @@ from typing import Any
 
 from gauntlet.params.models import Architecture
 from gauntlet.contract import Check
+from gauntlet.steps.model.expectations import unknown
 
 __all__ = ["lookup", "read_layer_kinds", "read_quantization", "config_checks", "MOE_KEYS"]
 
@@ -110,16 +111,16 @@ def read_quantization(config: dict[str, Any], arch: Architecture) -> tuple[dict[
     return {"quant_method": method, "fmt": fmt}, where
 
 
-def _unknown(name: str, field: str, observed: Any, where: str | None) -> Check:
-    seen = f" (config.json {where} = {observed!r})" if where else ""
-    return Check(name, "skip", None, observed,
-                 f"unknown expectation: fill model.architecture.{field} from the released config{seen}")
+def _unknown(name: str, observed: Any, where: str | None) -> Check:
+    """A null expectation (steps/model/expectations.py decides what it becomes for the run)."""
+    return unknown(name, observed, f" from the released config (config.json {where} = {observed!r})" if where
+                   else " from the released config")
 
 
 def _judge(name: str, field: str, expected: Any, observed: Any, where: str | None, prefixes: list[str],
            *, norm=lambda v: v, missing_hint: str = "") -> Check:
     if expected is None:
-        return _unknown(name, field, observed, where)
+        return _unknown(name, observed, where)
     if where is None:
         looked = ", ".join(repr(p) for p in prefixes)
         return Check(name, "fail", expected, None,
@@ -148,14 +149,14 @@ def config_checks(config: dict[str, Any], arch: Architecture) -> list[Check]:
         checks.append(_judge(f"config.{field}", field, getattr(arch, field), value, where, p, norm=norm))
 
     kinds, where, problem = read_layer_kinds(config, arch)
-    if arch.layer_kinds is None:
-        checks.append(_unknown("config.layer_kinds", "layer_kinds", kinds, where))
+    if problem:         # the config contradicts itself: whatever the profile expects (nothing to discover either)
+        checks.append(Check("config.layer_kinds", "fail", arch.layer_kinds, kinds, problem))
+    elif arch.layer_kinds is None:
+        checks.append(_unknown("config.layer_kinds", kinds, where))
     elif kinds is None:
         checks.append(Check("config.layer_kinds", "fail", arch.layer_kinds, None,
                             "config.json has no per-layer kind field (looked for layer_types and "
                             f"linear_attn_config.<kind>_layers under {', '.join(repr(x) for x in p)})"))
-    elif problem:
-        checks.append(Check("config.layer_kinds", "fail", arch.layer_kinds, kinds, problem))
     else:
         checks.append(_judge("config.layer_kinds", "layer_kinds", arch.layer_kinds, kinds, where, p))
 

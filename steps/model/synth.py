@@ -12,7 +12,11 @@ completion marker with its manifest.
   small vision tower). Other profiles get a dense Llama-style BF16 model.
 - Every non-null expectation of the profile is written as the profile says;
   null ones get plausible *synthetic* values, listed in config.json under
-  ``_synthetic`` (they are not Kimi K3's real numbers).
+  ``_synthetic`` (they are not Kimi K3's real numbers). One exception keeps the
+  default (dense) directory small: more routed experts than ``DENSE_MAX_EXPERTS``
+  (Kimi K3's 896 would write 300 MB a copy) are written as that many, and the
+  experts per token at most as many, listed under ``_synthetic.scaled``;
+  :func:`profile_of` gives the profile such a directory meets.
 - ``sparse=True``: the profile's shard count (96 for Kimi) with full-size
   declared tensors whose data region is a hole (ftruncate), so the directory
   declares exactly ``model.weight_bytes`` (1,560,936,091,448 bytes for Kimi)
@@ -35,7 +39,10 @@ from gauntlet.params.models import Profile
 from gauntlet.contract import write_json_atomic
 from gauntlet.steps.model.marker import write_marker
 
-__all__ = ["synth_from_profile", "plan_layout", "write_sparse_shard", "header_bytes"]
+__all__ = ["synth_from_profile", "plan_layout", "write_sparse_shard", "header_bytes", "profile_of",
+           "DENSE_MAX_EXPERTS"]
+
+DENSE_MAX_EXPERTS = 8       # what a null expert count gets, and the most a dense directory writes
 
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "I8": 1}
 _NP_NAME = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "U8": "uint8", "I8": "int8"}
@@ -133,11 +140,14 @@ def _expert_bytes(h: int, inter: int) -> int:
     return 2 * inter * (h // 32) * 17 + h * (inter // 32) * 17
 
 
-def plan_layout(profile: Profile, sparse: bool, per_expert: bool = False) -> tuple[dict[str, Any], list[Tensor]]:
+def plan_layout(profile: Profile, sparse: bool, per_expert: bool = False,
+                max_experts: int | None = None) -> tuple[dict[str, Any], list[Tensor]]:
     """(config.json, tensors in file order) for the profile; pure.
 
     ``per_expert``: one tensor pair per expert (384 experts when the profile leaves the count null, as Kimi
     K2), about 150k tensors at full size; the default fuses each layer's experts (gpt-oss style blocks).
+    ``max_experts``: write at most that many routed experts (and experts per token), listed in
+    ``_synthetic.scaled``.
     """
     arch, model = profile.model.architecture, profile.model
     n, per_layer, kind_fields, synthetic = _layer_plan(profile)
@@ -147,6 +157,7 @@ def plan_layout(profile: Profile, sparse: bool, per_expert: bool = False) -> tup
     else:
         h, inter, vocab, attn = (4096, 11008, 128256, 4096) if sparse else (64, 128, 512, 64)
     tensors: list[Tensor] = []
+    scaled: dict[str, int] = {}         # profile field under model.architecture. -> the smaller value written
     text = "language_model.model." if model.multimodal else "model."
     moe = arch.moe
     e = moe.n_routed_experts
@@ -166,6 +177,12 @@ def plan_layout(profile: Profile, sparse: bool, per_expert: bool = False) -> tup
                 e = max(32, int(budget / (n * one_expert)) // 32 * 32)
         synthetic += [f"moe.{f}" for f, v in (("n_shared_experts", moe.n_shared_experts),
                                              ("num_experts_per_tok", moe.num_experts_per_tok)) if v is None]
+        if max_experts is not None and e is not None and e > max_experts:
+            scaled["moe.n_routed_experts"] = e = max_experts
+        if e is not None and topk > e:
+            topk = e
+            if moe.num_experts_per_tok is not None:
+                scaled["moe.num_experts_per_tok"] = topk
     tensors.append((f"{text}embed_tokens.weight", "BF16", (vocab, h)))
     for i, kind in enumerate(per_layer):
         p = f"{text}layers.{i}."
@@ -219,9 +236,27 @@ def plan_layout(profile: Profile, sparse: bool, per_expert: bool = False) -> tup
                                                             "patch_size": 14}}
     else:
         top |= text_cfg
+    marks = _bundled_drafts(profile)      # the draft a planned variant takes from the checkpoint: bundled here
+    top |= marks
+    synthetic += sorted(marks)
     top["_synthetic"] = {"note": "written by gauntlet model synth: structure only, not the real model's numbers",
-                         "fields": sorted(set(synthetic))}
+                         "fields": sorted(set(synthetic)), **({"scaled": scaled} if scaled else {})}
     return top, tensors
+
+
+def _bundled_drafts(profile: Profile) -> dict[str, Any]:
+    """config.json keys that mark a draft bundled in the checkpoint (the first of its engine's
+    ``checkpoint_draft.config_keys``, set to the variant's tokens per step), one per planned variant that takes its
+    draft from the checkpoint, so the checkpoint is what the profile plans on (Gate 0's variant-draft check)."""
+    from gauntlet.steps.engines import engine as engine_of
+    marks: dict[str, Any] = {}
+    for v in profile.experiments:
+        for name in [v.engine] if v.engine else profile.engine_order():
+            rule = engine_of(name).checkpoint_draft
+            args = profile.engines[name].args.with_change(v.change)
+            if rule is not None and rule.needed(args) and args.speculative is not None:
+                marks.setdefault(rule.config_keys[0], args.speculative.num_speculative_tokens)
+    return marks
 
 
 # ---------------------------------------------------------------- files
@@ -314,7 +349,7 @@ def synth_from_profile(profile: Profile, out: Path, sparse: bool = False, *, tot
     out.mkdir(parents=True, exist_ok=True)
     model = profile.model
     target = model.weight_bytes if sparse else total_bytes
-    config, tensors = plan_layout(profile, sparse, per_expert)
+    config, tensors = plan_layout(profile, sparse, per_expert, None if sparse else DENSE_MAX_EXPERTS)
     if sparse and target and sum(_nbytes(d, s) for _, d, s in tensors) > target * 0.99:
         config, tensors = plan_layout(profile, False, per_expert)  # a small declared total: small dims, padded up
     n = model.shards or (96 if sparse else 4)
@@ -354,6 +389,23 @@ def synth_from_profile(profile: Profile, out: Path, sparse: bool = False, *, tot
         _write_aux(out / f, model.reasoning)
     write_marker(out, revision=model.revision or "synthetic", marker=model.marker)
     return out
+
+
+def profile_of(profile: Profile, model_dir: Path) -> Profile:
+    """The profile the synthetic directory at ``model_dir`` meets: ``profile`` with model.weight_bytes the bytes
+    its shards hold (a dense directory is never the declared size) and each field it scaled down (config.json
+    ``_synthetic.scaled``) as written, so Gate 0 judges everything else against the profile as it is."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    index = json.loads((Path(model_dir) / "model.safetensors.index.json").read_text())
+    model = profile.model.model_dump()
+    model["weight_bytes"] = sum((Path(model_dir) / n).stat().st_size for n in set(index["weight_map"].values()))
+    for field, value in config.get("_synthetic", {}).get("scaled", {}).items():
+        node = model["architecture"]
+        *parents, leaf = field.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return profile.model_copy(update={"model": type(profile.model).model_validate(model)})
 
 
 def _write_aux(path: Path, reasoning: bool) -> None:

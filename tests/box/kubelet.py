@@ -792,14 +792,10 @@ class ProcessKubelet:
         env = resolve_env(spec, pod, base, lambda n: self._configmap(run.ns, n), lambda n: self._secret(run.ns, n))
         argv = container_argv(spec, image, env)
         labels = pod["metadata"].get("labels") or {}
-        if not c.init and labels.get(ENGINE_LABEL[0]) == ENGINE_LABEL[1] and c.name != "engine":
-            # the engine pod's telemetry sidecar: on loopback every pod's would want the same host port, so it
-            # idles here (its sampler is tested on its own: tests/test_telemetry.py)
-            # (it exits on SIGTERM as the real sampler does: PID 1 of its container ignores unhandled signals)
-            argv = [self.python, "-c", "import signal, sys, time\n"
-                    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\nwhile True: time.sleep(3600)"]
-        elif not c.init and labels.get(ENGINE_LABEL[0]) == ENGINE_LABEL[1]:
-            # the table's "engine" entry: behaviour per start of an engine container (every pod, every restart)
+        if not c.init and labels.get(ENGINE_LABEL[0]) == ENGINE_LABEL[1]:
+            # the table's "engine" entry: behaviour per start of an engine container (every pod, every restart);
+            # the stand-in engine replaces the launch script, the per-rank sampler it starts included (on loopback
+            # every rank's would want the same host port; the sampler is tested on its own: tests/test_telemetry.py)
             behaviour = choose_behaviour(self.standins.get(ENGINE_STANDIN) or [],
                                          self._attempt(f"{ENGINE_STANDIN}/{run.ns}/{run.name}/{c.name}",
                                                        f"{run.uid}/{c.restart_count}"))

@@ -35,7 +35,8 @@ from gauntlet.workflows.graph import build_graph
 from gauntlet.workflows.render import RUN_LABEL, cron_name, render_documents, template_name
 
 __all__ = ["Scenario", "Outcome", "SCENARIOS", "PROFILE", "GPU_STANDINS", "BoxSession",
-           "run_locally", "replay_table", "OTHER_TEAM", "OTHER_NODE", "GENERAL_NODE", "box_nodes", "pool_taints"]
+           "run_locally", "replay_table", "OTHER_TEAM", "OTHER_NODE", "GENERAL_NODE", "box_nodes", "pool_taints",
+           "step_argv", "upstream_of", "CARRIERS"]
 
 PROFILE = "kimi-k3-h20"
 REPO = Path(__file__).resolve().parents[2]
@@ -69,11 +70,15 @@ def box_nodes(profile: Any) -> dict[str, Any]:
     pool = [n.name for n in profile.hardware.nodes]
     taints = pool_taints(profile)
     rdma = profile.hardware.fabric.rdma_resource        # the pool's RDMA device plugin, as on the cluster
-    return {"nodes": [*pool, OTHER_NODE, GENERAL_NODE], "gpus_per_node": profile.hardware.gpus_per_node,
+    # 2 TiB a node, as 8-GPU servers such as the H20's commonly have: the engine pod requests /dev/shm, its resident
+    # size and HiCache's host pool (steps/backends/kubernetes/manifests.py engine_resources)
+    return {"nodes": [*pool, OTHER_NODE, GENERAL_NODE], "gpus_per_node": profile.hardware.gpus_per_node, "memory": "2Ti",
             "node_gpus": {GENERAL_NODE: 0}, "taints": {**{n: taints for n in pool}, OTHER_NODE: [GPU_TAINT]},
             "extended": {n: {rdma: "64"} for n in pool} if rdma else {}}
 
 PASS: dict[str, Any] = {"exit": 0}
+# the steps that run whatever happened before them and read each earlier task's phase (--upstream)
+CARRIERS = ("sglang/teardown", "vllm/teardown", "regress", "report")
 # The gates that need GPUs (or the engine image) and are played on the box.
 GPU_STANDINS: dict[str, list[dict[str, Any]]] = {
     "engine-check": [PASS], "nodes": [PASS], "network": [PASS], "smoke": [PASS],
@@ -103,17 +108,24 @@ class Scenario:
     # `argo stop` has no local counterpart to replay: Argo leaves the stopped task's node Running and
     # creates no node for the tasks it never reached, while a local Ctrl-C records Failed and Omitted
     local_counterpart: bool = True
+    # labels put on the run's namespace for this scenario only (removed after it): Pod Security's enforce level
+    namespace_labels: dict[str, str] = field(default_factory=dict)
 
     def standins(self) -> dict[str, list[dict[str, Any]]]:
         return {**GPU_STANDINS, **self.plays}
 
 
 FAIL: dict[str, Any] = {"exit": 1}
+# what the experimental-blocked scenario's failing gates say (their verdicts' detail, which report.md must quote)
+VLLM_REFUSES = "rank 0: vllm serve: unrecognized arguments: --speculative-config-x (the image does not know it)"
+NO_DRAFT = "sglang refused to start: DSpark requires setting --speculative-draft-model-path"
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("all-pass", expect={"preflight-0": "Succeeded", "preflight-1": "Succeeded",
                                  "preflight-compare": "Succeeded", "sglang/deploy": "Succeeded",
                                  "sglang/teardown": "Succeeded", "regress": "Succeeded", "report": "Succeeded",
-                                 "prewarm-0": "Skipped", "vllm": "Skipped", "cleanup": "Succeeded"}),
+                                 "prewarm-0": "Skipped", "vllm": "Skipped", "cleanup": "Succeeded",
+                                 "pull-sglang-0": "Succeeded", "pull-sglang-1": "Succeeded",
+                                 "pull-vllm-0": "Skipped"}),
     Scenario("gate0-corrupt-model", corrupt_node="h20-node-02", expect_phase="Failed",
              expect={"preflight-0": "Succeeded", "preflight-1": "Failed", "preflight-compare": "Omitted",
                      "engine-check-sglang": "Omitted", "nodes-0": "Omitted", "sglang": "Omitted",
@@ -122,9 +134,11 @@ SCENARIOS: tuple[Scenario, ...] = (
              expect={"sglang/smoke": "Succeeded", "cleanup": "Succeeded"}),
     Scenario("transient-late-then-pass", plays={"sglang/smoke": [{"exit": 75, "after_s": 15}, PASS]},
              expect={"sglang/smoke": "Succeeded", "cleanup": "Succeeded"}),
+    # the teardown runs whatever happened before it: it releases the engine, then fails (the sequence's leaf)
     Scenario("failed-verdict-not-retried", plays={"sglang/smoke": [FAIL, PASS]}, expect_phase="Failed",
              expect={"sglang/deploy": "Succeeded", "sglang/smoke": "Failed", "sglang/perf": "Omitted",
-                     "sglang/teardown": "Omitted", "sglang": "Failed", "cleanup": "Succeeded"}),
+                     "sglang/teardown": "Failed", "sglang": "Failed", "regress": "Failed", "report": "Failed",
+                     "cleanup": "Succeeded"}),
     # "regress" also names the suspect task's step: play that one as "no suspicion"
     Scenario("nightly-regression", nightly=True, expect_phase="Failed",
              plays={"regress": [FAIL], "sglang/suspect": [{"exit": 0, "outputs": {"suspect": "false"}}]},
@@ -138,15 +152,36 @@ SCENARIOS: tuple[Scenario, ...] = (
                                                   "sglang/perf": [MEASURED]},
              expect={"sglang/baseline-phases": "Succeeded", "sglang/release-baseline": "Succeeded",
                      "sglang/exp-prefix-cache": "Succeeded", "sglang/exp-dspark": "Succeeded",
-                     "sglang/exp-hicache": "Succeeded", "sglang/teardown": "Succeeded", "cleanup": "Succeeded"}),
+                     "sglang/exp-hicache": "Succeeded", "sglang/exp-symm-mem": "Succeeded",
+                     "sglang/teardown": "Succeeded", "cleanup": "Succeeded"}),
     # The real perf step (bench client stood in) while rank 1 of the engine crashes and its kubelet restarts
     # it: the rank watch fails perf with "rank 1 restarted during perf" instead of a later, wrong cause
     Scenario("rank-restarts-during-perf", expect_phase="Failed",
              plays={"engine": [{"exit": 137, "on_file": RANK_CRASH_SIGNAL, "ranks": [1]}, {}],
                     "sglang/perf": [{**MEASURED, "touch": RANK_CRASH_SIGNAL, "hold_s": 20}]},
              expect={"sglang/deploy": "Succeeded", "sglang/smoke": "Succeeded", "sglang/perf": "Failed",
-                     "sglang/longctx": "Omitted", "sglang/teardown": "Omitted", "sglang": "Failed",
+                     "sglang/longctx": "Omitted", "sglang/teardown": "Failed", "sglang": "Failed",
                      "cleanup": "Succeeded"}),
+    # Both engines. vLLM's image refuses a planned flag at Gate 0 and SGLang's DSpark variant finds no draft (what
+    # the profile anticipates): Gate 1 and the SGLang sequence still run, the variant after DSpark too, SGLang's
+    # teardown releases its engine and carries the failure, vLLM's sequence is Omitted, regress and report run
+    # (report.md names each task that did not pass), and the workflow ends Failed
+    Scenario("experimental-blocked-baseline-reports", parameters={"engines": "both"}, expect_phase="Failed",
+             plays={"engine-check-vllm": [{"exit": 1, "detail": VLLM_REFUSES}],
+                    "sglang/exp-dspark": [{"exit": 1, "detail": NO_DRAFT}]},
+             expect={"engine-check-sglang": "Succeeded", "engine-check-vllm": "Failed", "nodes-0": "Succeeded",
+                     "network": "Succeeded", "sglang/deploy": "Succeeded", "sglang/exp-prefix-cache": "Succeeded",
+                     "sglang/exp-dspark": "Failed", "sglang/exp-hicache": "Succeeded", "sglang/teardown": "Failed",
+                     "sglang": "Failed", "vllm": "Omitted", "regress": "Failed", "report": "Failed",
+                     "cleanup": "Succeeded"}),
+    # The namespace labelled Pod Security baseline: the real PodSecurity admission would refuse every GPU and
+    # model-cache pod of the run; the real params step (its own pod admitted at baseline) reads the label first and
+    # fails the run in one line naming it, before any GPU is requested
+    Scenario("pod-security-baseline", namespace_labels={"pod-security.kubernetes.io/enforce": "baseline"},
+             expect_phase="Failed",
+             expect={"params": "Failed", "prewarm-0": "Omitted", "preflight-0": "Omitted", "preflight-1": "Omitted",
+                     "engine-check-sglang": "Omitted", "nodes-0": "Omitted", "network": "Omitted",
+                     "sglang": "Omitted", "cleanup": "Succeeded"}),
 )
 
 
@@ -164,6 +199,7 @@ class Outcome:
     name: str = ""
     uid: str = ""
     seconds: float = 0.0                           # submit to finished (exit handler included)
+    upstream: dict[str, list[str]] = field(default_factory=dict)   # CARRIERS' --upstream, as each step got it
 
     def failure_names(self) -> set[str]:
         """The displayNames in the exit handler's --failures, the workflow's own name as <workflow>."""
@@ -287,6 +323,7 @@ class BoxSession:
     # one scenario -------------------------------------------------
     def submit(self, sc: Scenario, timeout_s: float = 600) -> Outcome:
         self.kubelet.set_standins(sc.standins())
+        self.label_namespace(sc.namespace_labels)
         params = {"engines": "sglang", "results-uri": "/runs/results", "retry-backoff": "1s", **sc.parameters}
         if sc.corrupt_node:
             shard = sorted(self.model_cache(sc.corrupt_node).glob("*.safetensors"))[3]
@@ -313,6 +350,7 @@ class BoxSession:
             if sc.corrupt_node:
                 with shard.open("r+b") as fh:
                     fh.truncate(size)
+            self.label_namespace({k: None for k in sc.namespace_labels})
         out = outcome_from_workflow(wf, list(self.pods_seen.values()))
         out.seconds = round(time.monotonic() - t0, 1)
         out.gpu_pods = sorted(p["metadata"]["name"] for uid, p in self.pods_seen.items()
@@ -338,6 +376,16 @@ class BoxSession:
         raise AssertionError(f"workflow {name} not finished after {timeout_s:.0f}s: phase "
                              f"{(wf.get('status') or {}).get('phase')}, nodes "
                              f"{ {n['displayName']: n['phase'] for n in (wf.get('status') or {}).get('nodes', {}).values()} }")
+
+    def label_namespace(self, labels: dict[str, str | None]) -> None:
+        """Set (a value) or remove (None) labels of the run's namespace, as an administrator would."""
+        if not labels:
+            return
+        status, out = self.box.request("PATCH", f"/api/v1/namespaces/{self.ns}",
+                                       json.dumps({"metadata": {"labels": labels}}),
+                                       content_type="application/merge-patch+json")
+        if status >= 300:
+            raise AssertionError(f"labelling namespace {self.ns}: {status} {str(out)[:300]}")
 
     def held(self, uid: str) -> dict[str, int]:
         """What still carries the run's label and holds something: StatefulSet replicas, live pods, Jobs."""
@@ -418,8 +466,9 @@ def outcome_from_workflow(wf: dict[str, Any], pods: list[dict[str, Any]]) -> Out
     exit_args = exit_handler_argv(pods, wf["metadata"]["name"])
     status_arg = _opt(exit_args, "--workflow-status")
     failures_arg = _opt(exit_args, "--failures")
+    upstream = {p: up for p in CARRIERS if (up := upstream_of(step_argv(pods, wf["metadata"]["name"], p))) is not None}
     return Outcome(st.get("phase", "?"), task_phases(st), attempts, outputs, status_arg, failures_arg,
-                   name=wf["metadata"]["name"], uid=wf["metadata"]["uid"])
+                   name=wf["metadata"]["name"], uid=wf["metadata"]["uid"], upstream=upstream)
 
 
 def exit_handler_argv(pods: list[dict[str, Any]], workflow: str) -> list[str]:
@@ -435,6 +484,28 @@ def exit_handler_argv(pods: list[dict[str, Any]], workflow: str) -> list[str]:
         argv = list(main.get("command") or []) + list(main.get("args") or [])
         return argv[argv.index("--") + 1:] if "--" in argv else argv
     return []
+
+
+def step_argv(pods: list[dict[str, Any]], workflow: str, path: str) -> list[str] | None:
+    """The gauntlet argv of task ``path``'s first attempt (``sglang/teardown``) as Argo substituted it into its
+    pod (node ``<workflow>.sglang.teardown`` or its first retry ``...(0)``); None when no pod ran it."""
+    node = f"{workflow}.{path.replace('/', '.')}"
+    for p in pods:
+        meta = p["metadata"]
+        name = (meta.get("annotations") or {}).get("workflows.argoproj.io/node-name", "")
+        if (meta.get("labels") or {}).get("workflows.argoproj.io/workflow") == workflow and name in (node, f"{node}(0)"):
+            main = next(c for c in p["spec"]["containers"] if c["name"] == "main")
+            argv = list(main.get("command") or []) + list(main.get("args") or [])
+            return argv[argv.index("--") + 1:] if "--" in argv else argv
+    return None
+
+
+def upstream_of(argv: list[str] | None) -> list[str] | None:
+    """The ``--upstream TASK=PHASE ...`` items of a step's argv (None: no such flag)."""
+    if not argv or "--upstream" not in argv:
+        return None
+    rest = argv[argv.index("--upstream") + 1:]
+    return rest[:next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]
 
 
 def _opt(argv: list[str], flag: str) -> str | None:
@@ -461,7 +532,8 @@ def run_locally(sc: Scenario, box: Outcome, workdir: Path) -> Outcome:
     from gauntlet.workflows.local import Runner
 
     profile = load_profile(PROFILE)
-    graph = build_graph(profile, "argo")          # the cluster's graph, every task played by a stand-in
+    # the cluster's graph (the nightly's for a scenario the CronWorkflow submits), every task played by a stand-in
+    graph = build_graph(profile, "argo", "nightly" if sc.nightly else "qualification")
     run_dir = workdir / f"local-{sc.name}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -482,8 +554,10 @@ def run_locally(sc: Scenario, box: Outcome, workdir: Path) -> Outcome:
     tasks = {r.path: r.phase for r in runner.results}
     attempts = {r.path: list(r.attempts) for r in runner.results if r.step}
     argv = json.loads((run_dir / "cleanup" / "argv.0.json").read_text())
+    upstream = {p: up for p in CARRIERS if (run_dir / p / "argv.0.json").is_file()
+                and (up := upstream_of(json.loads((run_dir / p / "argv.0.json").read_text()))) is not None}
     return Outcome(status, tasks, attempts, {}, _opt(argv, "--workflow-status"), _opt(argv, "--failures"),
-                   run_dir=run_dir, name=runner._workflow_vars()["name"])
+                   run_dir=run_dir, name=runner._workflow_vars()["name"], upstream=upstream)
 
 
 def wait_for(pred: Any, timeout_s: float, what: str) -> None:

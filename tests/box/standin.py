@@ -8,10 +8,11 @@ exits with the behaviour's code. A behaviour is ``{"exit": 75, "status": "error"
 status that exit code means, no wait, no extra outputs).
 
 ``standin.py measured --behaviour JSON -- gauntlet step S ...``: runs the REAL step S (Gate 6's
-experiment and experiment-baseline: its deploy, readiness, teardown and evidence) with only the bench
-client replaced: every request set "completes" at once with the same fixed figures, so no vLLM client,
-tokenizer or GPU is needed and the comparison is noise (keep baseline). Chosen by a behaviour
-``{"measure": "stand-in"}`` in the kubelet's table.
+experiment and experiment-baseline: its deploy, readiness, rank watch, teardown and evidence) with only the
+bench client replaced: every request set "completes" at once with the same fixed figures, so no vLLM client,
+tokenizer or GPU is needed and the comparison is noise (keep baseline). Gate 6's content checks on a variant
+(Gate 3's, which need a model that answers) are played as passed: the engine stand-in serves no chat.
+Chosen by a behaviour ``{"measure": "stand-in"}`` in the kubelet's table.
 
 ``{"measure": "runner", "exit": 1, "outputs": {...}}``: the real step runner (``gauntlet step S ...``:
 its options, the engine check before a gate that judges the engine, the rank watch, the verdict) with only the
@@ -74,11 +75,11 @@ def run_measured(argv: list[str], behaviour: dict | None = None) -> int:
     ``hold_s`` seconds (an engine stand-in with ``on_file`` crashes meanwhile, and its kubelet restarts it)."""
     behaviour = behaviour or {}
     sys.path.insert(0, str(REPO))
-    from gauntlet.steps.gates import perf
+    from gauntlet.steps.gates import experiment, perf
     from gauntlet.steps.client.bench import ClientRun, client_argv
     from gauntlet.workflows.cli import main as gauntlet
 
-    def run_client(req, python=None):             # noqa: ANN001, ARG001 - perf.run_client's signature
+    def run_client(req, python=None, watch=None):  # noqa: ANN001, ARG001 - perf.run_client's signature
         argv = client_argv(req)
         n = req.num_prompts
         print(f"bench client stand-in: {n} prompts to {argv[argv.index('--base-url') + 1]}", flush=True)
@@ -93,8 +94,14 @@ def run_measured(argv: list[str], behaviour: dict | None = None) -> int:
     if behaviour.get("measure") == "runner":
         _play_gate(argv[1], behaviour)
         return gauntlet(argv)
+    def content_checks(profile, engine, spec, endpoint, out):   # noqa: ANN001, ARG001 - experiment.content_checks'
+        from gauntlet.contract import Check
+        print(f"Gate 3 content checks stand-in: {endpoint} (the engine stand-in serves no chat)", flush=True)
+        return [Check("standin", "pass", None, None, "stand-in for Gate 3's content checks on the box's engine")]
+
     perf.run_client = run_client
     perf.preload_client = lambda: 0.0
+    experiment.content_checks = content_checks
     return gauntlet([*argv, "--no-ceiling"])
 
 

@@ -37,6 +37,7 @@ class Api:
     batch: Any
     client: Any
     custom: Any = None          # CustomObjectsApi: Argo's workflows (the janitor)
+    admission: Any = None       # AdmissionregistrationV1Api: the label policy and its binding (params)
 
 
 def connect() -> Api:
@@ -59,7 +60,7 @@ def connect() -> Api:
                              "run inside the cluster or set GAUNTLET_KUBE_API") from None
         api_client = client.ApiClient()
     return Api(client.CoreV1Api(api_client), client.AppsV1Api(api_client), client.BatchV1Api(api_client),
-               api_client, client.CustomObjectsApi(api_client))
+               api_client, client.CustomObjectsApi(api_client), client.AdmissionregistrationV1Api(api_client))
 
 
 def call(fn: Any, *args: Any, **kwargs: Any) -> Any:

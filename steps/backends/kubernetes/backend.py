@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gauntlet.contract import Check
 from gauntlet.steps.backends.protocol import (Access, ClusterInspector, EngineHost, EngineRequest, Outcome, Phases,
                                               ProbeLauncher, ProbeRequest, ReleaseRequest, Releaser, StopRequest)
 
@@ -44,9 +45,9 @@ class KubernetesBackend:
         from gauntlet.steps.backends.kubernetes import deploy
         return deploy.deployed(profile, engine, run_id)
 
-    def ranks(self, profile: Profile, engine: str, out: Path) -> list[Rank] | None:
+    def ranks(self, profile: Profile, engine: str, out: Path, variant: str | None = None) -> list[Rank] | None:
         from gauntlet.steps.backends import ranks
-        return ranks.kubernetes_ranks(profile, engine)
+        return ranks.kubernetes_ranks(profile, engine, variant)
 
     def telemetry_targets(self, profile: Profile, engine: str, out: Path,
                           variant: str | None) -> tuple[list[tuple[int, str, str]], str]:
@@ -105,6 +106,10 @@ class KubernetesBackend:
     def rdma_access_problems(self, profile: Profile) -> list[str]:
         from gauntlet.steps.backends.kubernetes.manifests import rdma_access_problems
         return rdma_access_problems(profile)
+
+    def admission_checks(self, profile: Profile) -> list[Check]:
+        from gauntlet.steps.backends.kubernetes.admission import admission_checks
+        return admission_checks(profile)
 
 
 BACKEND = KubernetesBackend()

@@ -65,12 +65,14 @@ def _namespace(profile: Profile) -> str:
 
 
 def wait_ready(mgr: Any, selector: str, replicas: int, url: str, served_name: str, timeout_s: float,
-               poll_s: float | None = None) -> ReadyOutcome:
-    """Poll until every rank runs and the leader answers /health and a one-token completion; fail fast."""
+               poll_s: float | None = None, owner: str | None = None) -> ReadyOutcome:
+    """Poll until every rank runs and the leader answers /health and a one-token completion; fail fast.
+    ``owner``: the StatefulSet, whose FailedCreate event says why a rank was never created (Pod Security
+    admission refusing it, a quota): stuck after the same grace as a pod that cannot start."""
     import httpx
 
     from gauntlet.steps.backends.kubernetes.manager import pod_state
-    from gauntlet.steps.backends.kubernetes.stuck import StuckWatch
+    from gauntlet.steps.backends.kubernetes.stuck import StuckWatch, refused
     from gauntlet.steps.client.http import EngineClient
 
     poll_s = POLL_S if poll_s is None else poll_s
@@ -86,7 +88,9 @@ def wait_ready(mgr: Any, selector: str, replicas: int, url: str, served_name: st
         if bad:
             return ReadyOutcome(False, "; ".join(f"{s.name}: {s.problem}" for s in bad), time.monotonic() - t0,
                                 [asdict(s) for s in states])
-        stuck = stuck_watch.check(pods)
+        live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        why = refused(mgr, "StatefulSet", owner) if owner and len(live) < replicas else None
+        stuck = stuck_watch.check(pods, {f"StatefulSet {owner}": why} if why else None)
         if stuck:
             return ReadyOutcome(False, f"cannot start: {stuck}", time.monotonic() - t0, [asdict(s) for s in states],
                                 stuck=True)
@@ -180,7 +184,8 @@ def deploy(opts: EngineRequest, out: Path) -> tuple[list[Check], dict[str, Any]]
                         f"server-side applied {len(objs)} objects as field manager gauntlet (labelled {RUN_LABEL})"))
     selector = M.engine_selector(engine, variant)
     url = os.environ.get("GAUNTLET_READY_URL") or endpoint
-    outcome = wait_ready(mgr, selector, replicas, url, profile.model.served_name, spec.ready_timeout_s)
+    outcome = wait_ready(mgr, selector, replicas, url, profile.model.served_name, spec.ready_timeout_s,
+                         owner=names["statefulset"])
     ranks = _save_logs(mgr, selector, out)
     if outcome.stuck:       # a rank that cannot start: give back what the others hold now, not at cleanup
         mgr.scale(names["statefulset"], 0)

@@ -10,7 +10,8 @@ required anti-affinity, node affinity to the profile's nodes). A StatefulSet has
 pod template, so the template carries every rank's argv (built by
 :func:`gauntlet.steps.engines.commands.engine_command`) and the pod picks its own by ordinal: the
 argvs differ only in node rank (and vLLM's ``--headless`` on workers), the env only
-in the node's NIC.
+in the node's NIC. The per-rank telemetry sampler runs in the engine container, started by the same launch script
+(:func:`sampler_lines`): the container that holds the GPUs is the one that can read them.
 """
 
 from __future__ import annotations
@@ -28,15 +29,18 @@ from gauntlet.steps.engines.commands import Placement, engine_command, engine_en
 __all__ = ["DIST_PORT", "PROBE_PORT", "labels", "engine_names", "engine_selector", "rank_argvs", "engine_statefulset",
            "headless_service", "client_service", "engine_objects", "endpoint_url", "probe_names", "probe_job",
            "probe_service", "socket_env", "fabric_env", "rdma_access", "rdma_device_of", "rdma_access_problems",
-           "telemetry_container",
-           "EXPERT_DIR"]
+           "sampler_lines", "engine_resources", "SAMPLER_MEMORY_GIB", "SAMPLER_SRC_ENV", "EXPERT_DIR"]
 
 DIST_PORT = 20000          # rendezvous port on the leader (sglang --dist-init-addr, vllm --master-port)
 PROBE_PORT = 29555         # torchrun's rendezvous in the network probe
 HOSTNAME = "kubernetes.io/hostname"
 # where SGLang's rank 0 writes its expert distribution dumps (SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR): an emptyDir
-# the engine container and the telemetry sidecar share; the sidecar serves the newest dump at /expert-load
+# (its size bounded) in the engine container, whose sampler serves the newest dump at /expert-load
 EXPERT_DIR = "/gauntlet/expert-distribution"
+# the sampler's share of the engine container's memory request: its ring of samples (a few MiB), and torch once it
+# reads an expert dump (imported from the engine image)
+SAMPLER_MEMORY_GIB = {False: 1, True: 3}
+SAMPLER_SRC_ENV = "GAUNTLET_TELEMETRY_SRC"
 
 
 def labels(run_id: str, component: str, engine: str | None = None, variant: str | None = None) -> dict[str, str]:
@@ -145,11 +149,13 @@ def rdma_device_of(pod_spec: dict[str, Any], resource: str | None, container: st
 
 
 def _launch_script(profile: Profile, argvs: list[list[str]], node_env: dict[str, dict[str, str]] | None = None,
-                   fixed: set[str] | frozenset[str] = frozenset()) -> str:
-    """sh: the node's NCCL/GLOO settings (by node name), then exec this pod's rank's argv (by StatefulSet ordinal)."""
+                   fixed: set[str] | frozenset[str] = frozenset(), sampler: list[str] | None = None) -> str:
+    """sh: the node's NCCL/GLOO settings (by node name), the ``sampler`` lines, then exec this pod's rank's argv
+    (by StatefulSet ordinal)."""
     lines = ["set -eu", *_nic_lines(profile, node_env, fixed)]
     lines.append('rank="${POD_NAME##*-}"')
     lines.append('echo "gauntlet: rank $rank on $NODE_NAME ($HOST_IP)"')
+    lines += sampler or []
     lines.append('case "$rank" in')
     for r, argv in enumerate(argvs):
         lines.append(f"  {r}) exec {shlex.join(argv)} ;;")
@@ -231,35 +237,45 @@ def _records_experts(engine: str, spec: EngineSpec) -> bool:
     return engine_of(engine).expert_recorder and spec.args.expert_distribution_recorder_mode in MODES
 
 
-def telemetry_container(profile: Profile, image: str, expert_dir: str | None = None) -> dict[str, Any]:
-    """The per-rank sampler beside the engine (steps/cluster/telemetry.py, run from its source with the engine image's
-    Python). It requests no ``nvidia.com/gpu``: the engine container holds the node's GPUs, and
-    ``NVIDIA_VISIBLE_DEVICES=all`` (with the ``utility`` capability: NVML and nvidia-smi) makes the NVIDIA
-    container runtime show them to this container as well. A device plugin configured to ignore that variable
-    for unprivileged containers (``accept-nvidia-visible-devices-envvar-when-unprivileged: false``, or CDI
-    without it) shows none: the sampler then reports its GPU source as none, and the report says so per rank.
-    ``expert_dir``: the engine's expert distribution dumps, mounted read-only and served at ``/expert-load``
-    (reading a dump imports the engine image's torch: hence the larger memory limit)."""
-    from pathlib import Path
+def sampler_lines(profile: Profile, expert_dir: str | None = None) -> list[str]:
+    """sh lines starting the per-rank sampler (steps/cluster/telemetry.py, run from its source with the engine image's
+    Python, ``$GAUNTLET_TELEMETRY_SRC``) in the background, in the engine container, before the rank's argv is exec'd.
 
-    from gauntlet.steps.cluster import telemetry as _telemetry
+    In the engine container because that container holds the node's GPUs through the device plugin's allocation
+    (``nvidia.com/gpu``): NVML and nvidia-smi see them there on every runtime. A container beside it with no
+    allocation sees them only through ``NVIDIA_VISIBLE_DEVICES=all`` and the legacy NVIDIA runtime: from GPU
+    Operator v25.10 the runtime injects devices through CDI (docs.nvidia.com, GPU Operator, "Container Device
+    Interface (CDI) Support"), where such a container needs ``runtimeClassName: nvidia``, and hardened clusters
+    refuse the variable to unprivileged containers (the device plugin's
+    ``accept-nvidia-visible-devices-envvar-when-unprivileged: false``): the sidecar this replaces saw no GPU there.
+
+    ``--exit-with $$``: the shell's pid, which ``exec`` hands to the engine, so the sampler leaves with it (and the
+    kernel ends it with the container's PID 1 anyway). A sampler that cannot start (no python3, no /tmp) is
+    one line in the engine's log and leaves the engine alone (a background subshell: ``set -e`` does not reach
+    it); Gate 4 then names each rank's sampler unreachable. ``--container-memory``: it also samples the engine
+    container's memory working set, against what :func:`engine_resources` requests. ``expert_dir``: the engine's
+    expert distribution dumps, served at ``/expert-load``."""
     t = profile.hardware.telemetry
-    script = "\n".join([
-        "set -eu",
-        'printf "%s" "$GAUNTLET_TELEMETRY_SRC" > /tmp/gauntlet_telemetry.py',
-        "exec python3 /tmp/gauntlet_telemetry.py " + shlex.join(["serve", "--port", str(t.port),
-                                                                  "--interval", str(t.interval_s),
-                                                                  *(["--expert-dir", expert_dir] if expert_dir else [])]),
-    ]) + "\n"
-    env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility",
-           "GAUNTLET_TELEMETRY_SRC": Path(_telemetry.__file__).read_text(), "PYTHONUNBUFFERED": "1"}
-    return {"name": "telemetry", "image": image, "imagePullPolicy": "IfNotPresent",
-            "command": ["/bin/sh", "-c", _literal(script)], "env": _env_list(env),
-            "ports": [{"name": "telemetry", "containerPort": t.port}],
-            **({"volumeMounts": [{"name": "expert-distribution", "mountPath": expert_dir, "readOnly": True}]}
-               if expert_dir else {}),
-            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                          "limits": {"memory": "3Gi" if expert_dir else "512Mi"}}}
+    args = shlex.join(["serve", "--port", str(t.port), "--interval", str(t.interval_s), "--container-memory",
+                       *(["--expert-dir", expert_dir] if expert_dir else [])])
+    return [f'( printf "%s" "${SAMPLER_SRC_ENV}" > /tmp/gauntlet_telemetry.py && '
+            f'exec python3 /tmp/gauntlet_telemetry.py {args} --exit-with "$$" ) &']
+
+
+def engine_resources(profile: Profile, spec: EngineSpec, experts: bool = False) -> dict[str, Any]:
+    """The engine container's resources: its GPUs and RDMA (:func:`rdma_access`), and CPU and memory requested for
+    what it holds: ``/dev/shm`` (a memory emptyDir: its pages count against the pod's memory), the engine's resident
+    size, HiCache's host pool while ``args.hicache`` is on, the sampler's share.
+
+    Requested, not limited: under memory pressure the kubelet evicts first the pods whose usage exceeds their
+    requests, then by priority, then by how far past (k8s.io/kubernetes pkg/kubelet/eviction/helpers.go
+    ``rankMemoryPressure``: exceedMemoryRequests, priority, memory). Without a request the engine is always past it,
+    so it went first; a limit would turn a burst into an OOM kill of a rank holding 8 GPUs instead."""
+    res = rdma_access(profile)["resources"]
+    hicache = (spec.hicache_host_gib or 0) if spec.args.hicache else 0
+    mem = spec.shm_size_gib + spec.resident_gib + hicache + SAMPLER_MEMORY_GIB[experts]
+    res["requests"] = {"cpu": str(spec.cpus), "memory": f"{mem}Gi", **res["requests"]}
+    return res
 
 
 def engine_statefulset(profile: Profile, engine: str, run_id: str, image: str, spec: EngineSpec | None = None,
@@ -284,13 +300,21 @@ def engine_statefulset(profile: Profile, engine: str, run_id: str, image: str, s
     host_ip = engine_of(engine).host_ip_env
     if host_ip:      # the one value meant to be expanded: Kubernetes fills $(VAR) from the env before it
         env = [e for e in env if e["name"] != host_ip] + [{"name": host_ip, "value": "$(HOST_IP)"}]
-    script = _launch_script(profile, argvs, node_env, set(own) | set(spec.secret_env))
+    from pathlib import Path
+
+    from gauntlet.steps.cluster import telemetry as _telemetry
+    script = _launch_script(profile, argvs, node_env, set(own) | set(spec.secret_env),
+                            sampler_lines(profile, EXPERT_DIR if experts else None))
+    # the sampler's source, for the launch script (in place of any such name the engine's env might carry)
+    env = [e for e in env if e["name"] != SAMPLER_SRC_ENV] + [
+        {"name": SAMPLER_SRC_ENV, "value": _literal(Path(_telemetry.__file__).read_text())}]
     container = {
         "name": "engine", "image": image, "imagePullPolicy": "IfNotPresent",
         "command": ["/bin/sh", "-c", _literal(script)],
         "env": env,
-        "ports": [{"name": "http", "containerPort": spec.port}, {"name": "dist", "containerPort": DIST_PORT}],
-        "resources": rdma["resources"],
+        "ports": [{"name": "http", "containerPort": spec.port}, {"name": "dist", "containerPort": DIST_PORT},
+                  {"name": "telemetry", "containerPort": profile.hardware.telemetry.port}],
+        "resources": engine_resources(profile, spec, experts),
         "volumeMounts": [_model_mount(profile), {"name": "dshm", "mountPath": "/dev/shm"}, *rdma["mounts"],
                          *([{"name": "expert-distribution", "mountPath": EXPERT_DIR}] if experts else [])],
         "securityContext": rdma["securityContext"],       # IPC_LOCK: verbs pin (register) memory
@@ -313,7 +337,7 @@ def engine_statefulset(profile: Profile, engine: str, run_id: str, image: str, s
                     **_pool(profile),
                     "terminationGracePeriodSeconds": 60,
                     "initContainers": [_marker_init(profile, image)],
-                    "containers": [container, telemetry_container(profile, image, EXPERT_DIR if experts else None)],
+                    "containers": [container],
                     # a stat dump is (passes <= 1000, layers, experts) int32, ~90 MB for the Kimi K3: one per case
                     "volumes": _volumes(profile, spec.shm_size_gib) + rdma["volumes"] + (
                         [{"name": "expert-distribution", "emptyDir": {"sizeLimit": "20Gi"}}] if experts else []),

@@ -32,7 +32,7 @@ def launch_kubernetes(profile: Profile, engine: str, env: dict[str, str], run_id
     from gauntlet.steps.backends.kubernetes.api import connect
     from gauntlet.steps.backends.kubernetes.apply import apply
     from gauntlet.steps.backends.kubernetes.manager import Manager, pod_state
-    from gauntlet.steps.backends.kubernetes.stuck import StuckWatch
+    from gauntlet.steps.backends.kubernetes.stuck import StuckWatch, refused
 
     run_id = run_id_from(run_id)
     api = connect()
@@ -69,7 +69,10 @@ def launch_kubernetes(profile: Profile, engine: str, env: dict[str, str], run_id
                 if bad:
                     problem = "; ".join(f"{s.name}: {s.problem}" for s in bad)
                     break
-                if cannot := stuck.check(probe_pods):       # its Job is deleted below: nothing stays pending
+                # a pod the API server refused (Pod Security, a quota) never appears: the Job's FailedCreate says why
+                why = refused(mgr, "Job", names["job"]) if len(probe_pods) < len(profile.hardware.nodes) else None
+                if cannot := stuck.check(probe_pods, {f"Job {names['job']}": why} if why else None):
+                    # its Job is deleted below: nothing stays pending
                     problem = f"cannot start: {cannot}"
                     break
                 time.sleep(POLL_S)

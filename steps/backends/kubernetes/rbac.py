@@ -14,6 +14,9 @@ each template's pod the account of its step's role, :func:`account`):
   (docs/cluster.md, "Permissions", says what that exposes); only this account holds it.
 - ``janitor`` (``gauntlet step janitor``): ``JANITOR_RULES``, read Argo's workflows to know which runs
   are over, then the same owned list/scale/delete/logs, and delete a labelled pod that has no owner.
+- ``admission`` (the ``params`` step, first of all): ``ADMISSION_RULES``, read three named cluster-scoped
+  objects before any GPU is requested: the namespace (its Pod Security labels) and the label policy and its
+  binding (:func:`label_policy`), each by ``resourceNames`` (steps/backends/kubernetes/admission.py).
 - none (report, regress, preflight, ...): no API call of its own; the profile's ``service_account``.
 
 ``EXECUTOR_RULES`` is what Argo's executor itself needs in every step pod: each account has it.
@@ -31,8 +34,8 @@ from typing import Any
 
 from gauntlet.steps.backends.kubernetes import RUN_LABEL
 
-__all__ = ["RULES", "CLUSTER_RULES", "EXECUTOR_RULES", "JANITOR_RULES", "JANITOR_ACCOUNT", "ROLES",
-           "RUN_LABEL_KEY", "account", "account_manifests", "access_manifests", "label_policy"]
+__all__ = ["RULES", "CLUSTER_RULES", "ADMISSION_RULES", "EXECUTOR_RULES", "JANITOR_RULES", "JANITOR_ACCOUNT", "ROLES",
+           "RUN_LABEL_KEY", "account", "account_manifests", "access_manifests", "label_policy", "policy_name"]
 
 JANITOR_ACCOUNT = "gauntlet-janitor"
 
@@ -43,10 +46,20 @@ RULES: list[dict[str, list[str]]] = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "delete", "get", "list", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    # a StatefulSet whose pods the API server refuses (Pod Security, quota) has no pod to read a reason from:
+    # its controller's FailedCreate event says why (steps/backends/kubernetes/stuck.py)
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
 ]
 
 CLUSTER_RULES: list[dict[str, list[str]]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+]
+
+# read by name only (access_manifests adds resourceNames: the namespace, the label policy and its binding)
+ADMISSION_RULES: list[dict[str, list[str]]] = [
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+    {"apiGroups": ["admissionregistration.k8s.io"],
+     "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"], "verbs": ["get"]},
 ]
 
 # Argo v3.4+ executors report outputs through WorkflowTaskResults (Argo's docs, "Workflow RBAC").
@@ -71,9 +84,12 @@ ROLES: dict[str | None, tuple[list[dict[str, list[str]]], list[dict[str, list[st
     "manage": (RULES, []),
     "nodes": ([], CLUSTER_RULES),
     "janitor": (JANITOR_RULES, []),
+    "admission": ([], ADMISSION_RULES),
     None: ([], []),
 }
-_SUFFIX = {"manage": "-manager", "nodes": "-nodes"}
+_SUFFIX = {"manage": "-manager", "nodes": "-nodes", "admission": "-admission"}
+# the ClusterRole (and its binding) of a role with cluster rules: <account>-<namespace>-<what it reads>
+_CLUSTER_SUFFIX = {"nodes": "node-pods", "admission": "admission"}
 RUN_LABEL_KEY = RUN_LABEL                    # the one run label, under the name this module's policy text uses
 _LABELS = {"app.kubernetes.io/part-of": "gauntlet"}
 _RBAC = "rbac.authorization.k8s.io/v1"
@@ -89,9 +105,10 @@ def account(service_account: str, role: str | None) -> str:
 
 
 def account_manifests(namespace: str, name: str, rules: list[dict[str, list[str]]],
-                      cluster_rules: list[dict[str, list[str]]] | None = None) -> list[dict[str, Any]]:
+                      cluster_rules: list[dict[str, list[str]]] | None = None,
+                      cluster_suffix: str = "node-pods") -> list[dict[str, Any]]:
     """ServiceAccount, Role + RoleBinding (``rules`` and Argo's executor's), and when ``cluster_rules``
-    a ClusterRole + ClusterRoleBinding (read-only) for one account."""
+    a ClusterRole + ClusterRoleBinding (read-only) ``<name>-<namespace>-<cluster_suffix>`` for one account."""
     meta = {"name": name, "namespace": namespace, "labels": dict(_LABELS)}
     subject = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
     docs: list[dict[str, Any]] = [
@@ -101,7 +118,7 @@ def account_manifests(namespace: str, name: str, rules: list[dict[str, list[str]
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": subject},
     ]
     if cluster_rules:
-        cluster_name = f"{name}-{namespace}-node-pods"
+        cluster_name = f"{name}-{namespace}-{cluster_suffix}"
         docs += [
             {"apiVersion": _RBAC, "kind": "ClusterRole", "metadata": {"name": cluster_name, "labels": dict(_LABELS)},
              "rules": [dict(r) for r in cluster_rules]},
@@ -116,12 +133,22 @@ def _has_label(obj: str) -> str:
     return f"has({obj}.metadata.labels) && '{RUN_LABEL_KEY}' in {obj}.metadata.labels"
 
 
+def policy_name(namespace: str, service_account: str) -> str:
+    """The label policy's name, and its binding's (:func:`label_policy`)."""
+    return f"{service_account}-{namespace}-run-label"
+
+
+def _named(rules: list[dict[str, list[str]]], names: dict[str, list[str]]) -> list[dict[str, list[str]]]:
+    """``rules`` narrowed to the objects ``names`` gives per resource (RBAC's resourceNames)."""
+    return [{**r, "resourceNames": sorted({n for res in r["resources"] for n in names[res]})} for r in rules]
+
+
 def label_policy(namespace: str, service_account: str) -> list[dict[str, Any]]:
     """A ValidatingAdmissionPolicy + binding (GA since Kubernetes 1.30): in ``namespace``, the manager's and
     the janitor's accounts may delete, apply to or create only objects labelled ``gauntlet.dev/run``, and
     scale (the ``scale`` subresource, whose object carries no labels) only to 0. Denied with a message
     naming the account, the operation and the object."""
-    name = f"{service_account}-{namespace}-run-label"
+    name = policy_name(namespace, service_account)
     users = [f"system:serviceaccount:{namespace}:{account(service_account, r)}" for r in ("manage", "janitor")]
     who = "'gauntlet: ' + request.userInfo.username + ' may not ' + request.operation + ' ' + " \
           "request.resource.resource + (has(request.subResource) ? '/' + request.subResource : '') + ' ' + " \
@@ -158,6 +185,12 @@ def label_policy(namespace: str, service_account: str) -> list[dict[str, Any]]:
 def access_manifests(namespace: str, service_account: str) -> list[dict[str, Any]]:
     """Every role's account (:data:`ROLES`), then the label policy: all that render writes to ``*.rbac.yaml``."""
     docs: list[dict[str, Any]] = []
+    policy = policy_name(namespace, service_account)
+    named = {"namespaces": [namespace], "validatingadmissionpolicies": [policy],
+             "validatingadmissionpolicybindings": [policy]}
     for role, (rules, cluster_rules) in ROLES.items():
-        docs += account_manifests(namespace, account(service_account, role), rules, cluster_rules)
+        if role == "admission":
+            cluster_rules = _named(cluster_rules, named)
+        docs += account_manifests(namespace, account(service_account, role), rules, cluster_rules,
+                                  _CLUSTER_SUFFIX.get(role or "", "node-pods"))
     return docs + label_policy(namespace, service_account)

@@ -42,10 +42,10 @@ class LocalBackend:
         from gauntlet.steps.backends.local import deploy
         return deploy.deployed(run_dir, engine)
 
-    def ranks(self, profile: Profile, engine: str, out: Path) -> list[Rank] | None:
+    def ranks(self, profile: Profile, engine: str, out: Path, variant: str | None = None) -> list[Rank] | None:
         from gauntlet.steps.backends import ranks
         from gauntlet.steps.backends.local import deploy
-        return ranks.local_ranks(deploy.run_dir_of(out), engine)
+        return ranks.local_ranks(deploy.run_dir_of(out), engine, variant)
 
     def telemetry_targets(self, profile: Profile, engine: str, out: Path,
                           variant: str | None) -> tuple[list[tuple[int, str, str]], str]:
