@@ -23,7 +23,7 @@ from pathlib import Path, PurePath
 from typing import TypeVar
 
 __all__ = ["RunLayout", "VERDICT_FILE", "OUTPUTS_DIR", "CLEANUP_TASK", "PREFLIGHT_TASK", "preflight_task",
-           "verdict_path", "output_path"]
+           "verdict_path", "output_path", "nodes_task"]
 
 VERDICT_FILE = "verdict.json"
 OUTPUTS_DIR = "outputs"
@@ -31,11 +31,18 @@ _P = TypeVar("_P", bound=PurePath)      # a Path in, a Path out; a PurePosixPath
 CLEANUP_TASK = "cleanup"          # the exit handler: its directory existing means the run's engines were released
 PREFLIGHT_TASK = "preflight"      # Gate 0's preflight; on the cluster one per node, preflight-<i>
 _PREFLIGHT = re.compile(rf"{PREFLIGHT_TASK}(-[0-9]+)?")
+NODES_TASK = "nodes"              # Gate 1's node check, one per pool node: nodes-<i>
+_NODES = re.compile(rf"{NODES_TASK}-[0-9]+")
 
 
 def preflight_task(node_index: int | None = None) -> str:
     """The preflight task's name: ``preflight`` (one machine) or ``preflight-<i>`` (the cluster's i-th node)."""
     return PREFLIGHT_TASK if node_index is None else f"{PREFLIGHT_TASK}-{node_index}"
+
+
+def nodes_task(node_index: int) -> str:
+    """Gate 1's node check of the cluster's i-th node: ``nodes-<i>``."""
+    return f"{NODES_TASK}-{node_index}"
 
 
 def verdict_path(out: _P) -> _P:
@@ -106,6 +113,14 @@ class RunLayout:
         root = Path(self.root)
         try:
             return sorted(d for d in root.iterdir() if _PREFLIGHT.fullmatch(d.name) and d.is_dir())
+        except OSError:
+            return []
+
+    def node_check_dirs(self) -> list[Path]:
+        """The directories of this run's Gate 1 node checks that exist (``nodes-<i>``), by name."""
+        root = Path(self.root)
+        try:
+            return sorted(d for d in root.iterdir() if _NODES.fullmatch(d.name) and d.is_dir())
         except OSError:
             return []
 

@@ -36,6 +36,9 @@ class Needs:
     # client's, the step image built on the pinned vLLM image (its `vllm bench serve`, CUDA torch for the GPU probe)
     host_network: bool = False                              # in its node's own network namespace: the NICs (Gate 1)
     per_node: bool = False                                  # on the cluster once per pool node, pinned to that node
+    windowed: bool = True                                   # stops when the run's window ends (steps/window.py);
+                                                            # False: it releases or records (teardown, regress,
+                                                            # report, cleanup, janitor) and runs whatever is left
     api: Literal["manage", "nodes", "janitor", "admission"] | None = None
     # its role on the Kubernetes API, so its pod's service account (steps/backends/kubernetes/rbac.py ROLES): manage creates,
     # scales and deletes the run's objects (and lists their pods: the rank watch); nodes lists the pods

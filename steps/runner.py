@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from gauntlet.contract.layout import output_path
 from gauntlet.params import load_profile
 from gauntlet.steps import needs_of
 from gauntlet.steps.options import options_from
+from gauntlet.steps.window import WindowSpent, armed, window_check, window_of
 
 if TYPE_CHECKING:
     from gauntlet.params.models import Profile
@@ -27,26 +29,19 @@ def run_step(module, args: argparse.Namespace) -> int:
     out = Path(args.out)
     started = now_iso()
     gate = module.NAME
+    window = window_of() if needs_of(module).windowed else None
+    t0 = time.time()
     try:
-        profile = None
-        if needs_of(module).profile:
-            if not args.profile:
-                raise UsageError(f"step {gate}: --profile is required")
-            profile = load_profile(args.profile)
-        opts = options_from(module.Options, args, profile)    # built and validated once, before anything runs
-        out.mkdir(parents=True, exist_ok=True)
-        # the profile whose engine's ranks this gate watches (None: not watched)
-        watched = profile if needs_of(module).engine_ranks and getattr(opts, "engine", None) else None
-        present, redeploy = _engine_present(gate, watched, opts, out) if watched is not None else (None, {})
-        if present is not None and present.status != "pass":    # never judge an engine that is absent
-            checks, metrics = [present], redeploy
-        else:
-            before = _ranks(watched, opts.engine, out) if watched is not None else None
-            checks, metrics = module.run(opts, out)
-            if watched is not None:
-                checks = [*([present] if present else []), *checks,
-                          _rank_check(gate, before, watched, opts.engine, out, metrics)]
-                metrics = {**redeploy, **metrics}
+        with armed(window):
+            checks, metrics = _judge(module, args, out)
+    except WindowSpent:
+        assert window is not None
+        check = window_check(gate, window, t0)
+        _write_verdict(out, Verdict.of(gate, started, [check], {"window": {
+            "ends": window.end_iso(), "reserve_s": window.reserve_s, "ran_s": round(time.time() - t0, 1)}},
+            status="fail"))
+        print(f"{gate}: {check.detail}", file=sys.stderr)
+        return exit_code_for("fail")
     except GauntletError as exc:
         code = exit_code_of(exc)
         if code != EXIT_USAGE:      # bad input writes nothing; anything else leaves an error verdict
@@ -74,6 +69,39 @@ def run_step(module, args: argparse.Namespace) -> int:
     # a step whose exit code means something other than its verdict (cleanup: "still held?") says so
     judge = getattr(module, "exit_code", None)
     return judge(verdict) if judge is not None else exit_code_for(verdict.status)
+
+
+def _judge(module, args: argparse.Namespace, out: Path) -> tuple[list[Check], dict[str, Any]]:
+    """The gate's checks and metrics: its options, the engine it judges present and its ranks watched."""
+    gate = module.NAME
+    profile = None
+    if needs_of(module).profile:
+        if not args.profile:
+            raise UsageError(f"step {gate}: --profile is required")
+        profile = load_profile(args.profile)
+    opts = options_from(module.Options, args, profile)    # built and validated once, before anything runs
+    out.mkdir(parents=True, exist_ok=True)
+    # the profile whose engine's ranks this gate watches (None: not watched)
+    watched = profile if needs_of(module).engine_ranks and getattr(opts, "engine", None) else None
+    present, redeploy = _engine_present(gate, watched, opts, out) if watched is not None else (None, {})
+    if present is not None and present.status != "pass":    # never judge an engine that is absent
+        return [present], redeploy
+    before = _ranks(watched, opts.engine, out) if watched is not None else None
+    checks, metrics = module.run(opts, out)
+    if watched is not None:
+        checks = [*([present] if present else []), *checks,
+                  _rank_check(gate, before, watched, opts.engine, out, metrics)]
+        metrics = {**redeploy, **metrics}
+    return checks, metrics
+
+
+def _write_verdict(out: Path, verdict: Verdict) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        verdict.write(out)
+        write_outputs(out, verdict)
+    except OSError:
+        pass
 
 
 def _engine_present(gate: str, profile: Profile, opts: Any, out: Path) -> tuple[Check | None, dict[str, Any]]:
@@ -109,13 +137,7 @@ def write_outputs(out: Path, verdict: Verdict) -> None:
 
 
 def _write_error(out: Path, gate: str, started: str, name: str, detail: str) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        v = Verdict.of(gate, started, [Check(name, "error", None, None, detail)], status="error")
-        v.write(out)
-        write_outputs(out, v)
-    except OSError:
-        pass
+    _write_verdict(out, Verdict.of(gate, started, [Check(name, "error", None, None, detail)], status="error"))
 
 
 def _print_summary(v: Verdict) -> None:

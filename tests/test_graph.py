@@ -238,7 +238,11 @@ def test_the_baseline_is_released_before_any_variant_and_measured_before(profile
     first_variant = ran.index(variants[0])
     # the baseline runs its part of Gate 6 while up, before Gate 5 restarts it; it is released before a variant
     assert ran.index("perf") < ran.index("baseline-phases") < ran.index("longctx") < ran.index("release-baseline")
-    assert seq.task("baseline-phases").depends == (Need("confirm", SUCCEEDED_OR_SKIPPED),)
+    # after the regression cases' confirm stage, the climb to the highest load meeting the SLO, then Gate 6's part
+    assert ran.index("perf") < ran.index("climb") < ran.index("baseline-phases")
+    assert seq.task("climb").depends == (Need("confirm", SUCCEEDED_OR_SKIPPED),)
+    assert seq.task("climb").flag("--phase") == "climb"
+    assert seq.task("baseline-phases").depends == (Need("climb", SUCCEEDED),)
     assert ran.index("release-baseline") == first_variant - 1 and ran[-1] == "teardown"
     release, final = seq.task("release-baseline"), seq.task("teardown")
     assert (release.step, release.args) == ("teardown", final.args[:len(release.args)]) and "--variant" not in release.args

@@ -25,7 +25,8 @@ def _small(**top) -> Profile:
     d["hardware"]["storage"]["read_gbps"] = 5.0
     d["engines"]["vllm"]["plan"] = {"init_s": 100, "prefill_tps": 1000, "decode_tps": 10}
     d["bench"].update(warmup_prompts=2, rounds=3, prompts_per_concurrency=2,
-                      cases=[{"name": "c2", "input_len": 100, "output_len": 50, "concurrency": 2}])
+                      cases=[{"name": "c2", "input_len": 100, "output_len": 50, "concurrency": 2}],
+                      slo=None)      # no climb (test_climb_by_hand adds one)
     d["longctx"].update(ladder=[{"tokens": 65536}], needle_depths=[0.5], max_tokens=10)
     d["model"]["architecture"]["max_position_embeddings"] = 131072
     d["experiments"] = []
@@ -35,6 +36,25 @@ def _small(**top) -> Profile:
 
 def _row(plan, path):
     return next(r for r in plan.rows if r.path == path)
+
+
+def test_climb_by_hand() -> None:
+    """The qualification's climb (after the regression cases): every step of bench.slo.climb on the climb
+    case's shape, the first with the warmup; the nightly has none. c2's shape, C2 then C4, 1 round each:
+    C2: 4 prompts + 2 warmup in 1 + 2 waves of (2 x 100 / 1000 + 50 / 10) = 15.6 s + the 15 s ceiling;
+    C4: 8 prompts in 2 waves of (4 x 100 / 1000 + 5) = 10.8 s + 15 s; plus the client's 60 s start."""
+    base = _small()
+    bench = base.bench.model_dump()
+    bench["slo"] = {"ttft_p99_ms": 500, "tpot_p99_ms": 30, "climb": [2, 4], "climb_case": "c2", "climb_rounds": 1}
+    prof = _small(bench=bench)
+    plan = plan_profile(prof)
+    row = _row(plan, "vllm/climb")
+    assert row.seconds == pytest.approx(60 + 30.6 + 25.8)
+    assert "2 concurrencies (C2-C4)" in row.detail
+    order = [r.path for r in plan.rows if r.path.startswith("vllm/")]
+    assert order.index("vllm/confirm") < order.index("vllm/climb") < order.index("vllm/longctx"), order
+    assert not any(r.path.endswith("/climb") for r in plan_profile(prof, "nightly").rows)
+    assert not any(r.path.endswith("/climb") for r in plan_profile(base).rows)
 
 
 def test_arithmetic_by_hand() -> None:
@@ -67,7 +87,7 @@ def test_arithmetic_by_hand() -> None:
 def test_case_tps_replaces_the_wave_model() -> None:
     d = yaml.safe_load(profile_path("h200-1gpu").read_text())
     d["bench"].update(warmup_prompts=2, rounds=3, prompts_per_concurrency=2,
-                      cases=[{"name": "c2", "input_len": 100, "output_len": 50, "concurrency": 2}])
+                      cases=[{"name": "c2", "input_len": 100, "output_len": 50, "concurrency": 2}], slo=None)
     d["experiments"] = []
     d["engines"]["vllm"]["plan"] = {"case_tps": {"c2": 300}}
     plan = plan_profile(Profile.model_validate(d, strict=False))

@@ -121,7 +121,7 @@ def test_gate_order_of_the_plan():
         assert before in tasks[after]["depends"] or any(
             before in tasks[d]["depends"] for d, _ in _depends_terms(tasks[after]["depends"])), (before, after)
     seq = _tasks(_wt(), "engine-sequence")
-    chain = ["deploy", "smoke", "perf", "perf-c32-1k-1k", "suspect", "confirm", "baseline-phases", "longctx",
+    chain = ["deploy", "smoke", "perf", "perf-c32-1k-1k", "suspect", "confirm", "climb", "baseline-phases", "longctx",
              "longctx-1048576", "release-baseline", "exp-prefix-cache", "exp-dspark", "exp-hicache", "exp-symm-mem",
              "teardown"]
     for before, after in zip(chain, chain[1:]):

@@ -35,7 +35,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from gauntlet.contract import UsageError, param_name
-from gauntlet.contract.layout import CLEANUP_TASK, RunLayout, preflight_task
+from gauntlet.contract.layout import CLEANUP_TASK, RunLayout, nodes_task, preflight_task
 from gauntlet.params.models import Profile
 from gauntlet.params.models import EngineName, Variant
 from gauntlet.steps import Needs, load_step, needs_of
@@ -395,6 +395,13 @@ def _engine_sequence(profile: Profile, cluster: bool = False, run: Run = "qualif
                       args=gate_args("perf", **common, cases=refs.output("suspect", "suspect_cases"),
                                      phase="confirm", rounds=DEFAULT_RULE.confirm_rounds)))
     after_perf = _ok("confirm", skipped=True)      # Skipped: nothing suspected
+    slo = profile.bench.slo
+    if not nightly and slo is not None and slo.climb and slo.climb_case:
+        # the highest concurrency meeting the SLO (steps/gates/perf.py climb_decision): the qualification only,
+        # after the regression cases; it stops at the first step that misses the SLO or saturates the server
+        tasks.append(Task("climb", step="perf", gate="gate4", depends=after_perf, **bench,
+                          args=gate_args("perf", **common, cases=(slo.climb_case,), phase="climb")))
+        after_perf = _ok("climb")
     if nightly:
         tasks.append(Task("teardown", step="teardown", gate="gate2", depends=(Need(tasks[-1].name, ANY_OUTCOME),),
                           args=gate_args("teardown", engine=eng, upstream=_statuses(tasks))))
@@ -505,13 +512,13 @@ def build_graph(profile: Profile, backend: Orchestrator, run: Run = "qualificati
         # once, after every engine check was decided, whatever its verdict: an engine whose check failed stops
         # its own sequence only (each sequence needs its own check below), not the other engine's
         for i, node in enumerate(nodes):
-            t = f"nodes-{i}"
+            t = nodes_task(i)
             tasks.append(Task(t, step="nodes", gate="gate1", node=node, depends=tuple(Need(c, REACHED) for c in checks),
                               args=gate_args("nodes", node=node), outputs=("socket_ifname", "nccl_env")))
             gate1.append(t)
         # each node's resolved NCCL/GLOO env (steps/cluster/fabric.py) in, the set of them out to every deploy
         tasks.append(Task("network", step="network", gate="gate1", depends=_ok(*gate1), outputs=("nccl_env",),
-                          args=gate_args("network", nccl_env=tuple(f"{node}={refs.output(f'nodes-{i}', 'nccl_env')}"
+                          args=gate_args("network", nccl_env=tuple(f"{node}={refs.output(nodes_task(i), 'nccl_env')}"
                                                                    for i, node in enumerate(nodes)))))
         gate1 = ["network"]
     pulls = _pulls(profile, nodes, engines_is, order) if cluster else {}

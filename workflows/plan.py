@@ -43,6 +43,7 @@ from gauntlet.params.models import BenchCase, Profile
 from gauntlet.steps.gates.experiment import phase_plan
 from gauntlet.steps.gates.experiment_baseline import variants_for
 from gauntlet.steps.gates.longctx import blocked_reason, plan_context, reply_budget
+from gauntlet.steps.gates.perf import climb_cases
 from gauntlet.workflows.graph import DEFAULT_TIMEOUT_S, Graph, Orchestrator, Run, Task, build_graph
 
 __all__ = ["Assumption", "Row", "Plan", "PlanError", "ESTIMATES", "plan_profile", "plan_graph", "too_short",
@@ -280,10 +281,25 @@ def _cases(ctx: _Ctx, task: Task) -> list[BenchCase]:
 
 def _perf(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
     assert engine is not None
+    if task.flag("--phase") == "climb":
+        return _climb(ctx, task, engine)
     rounds = int(task.flag("--rounds") or ctx.profile.bench.rounds)
     cases = _cases(ctx, task)
     s = ctx.rates.fixed("client") + sum(ctx.case(engine, c, rounds=rounds) for c in cases)
     return _Est(s, f"{len(cases)} case(s) x (ceiling + {ctx.profile.bench.warmup_prompts} warmup + {rounds} rounds)")
+
+
+def _climb(ctx: _Ctx, task: Task, engine: str) -> _Est:
+    """Every step of ``bench.slo.climb`` measured (the worst case: none misses the SLO or saturates), on the
+    climb case's shape, ``climb_rounds`` rounds each; only the first step has a warmup (steps/gates/perf.py)."""
+    slo = ctx.profile.bench.slo
+    assert slo is not None
+    shape = _cases(ctx, task)[0]
+    steps = climb_cases(shape, slo)
+    s = ctx.rates.fixed("client") + sum(ctx.case(engine, c, rounds=slo.climb_rounds, warmup=i == 0)
+                                        for i, c in enumerate(steps))
+    return _Est(s, f"{len(steps)} concurrencies (C{steps[0].concurrency}-C{steps[-1].concurrency}) x "
+                   f"{slo.climb_rounds} round(s) on {shape.name}'s shape, all climbed")
 
 
 def _longctx(ctx: _Ctx, task: Task, engine: str | None) -> _Est:
@@ -448,6 +464,19 @@ def plan_graph(graph: Graph, profile: Profile, orchestrator: Orchestrator,
     return Plan(profile.name, orchestrator, tuple(rows), total, deadline, sum(h for _, h in spent),
                 tuple(ctx.rates.used.values()), tuple(notes), graph.run,
                 profile.nightly.gpu_hours if nightly else None)
+
+
+# the steps that run after the run's window has ended for the gates (their Needs.windowed is False), the exit
+# handler apart: what the window keeps for them (steps/window.py)
+AFTER_WINDOW = ("teardown", "regress", "report")
+
+
+def window_reserve_s(profile: Profile) -> int:
+    """Seconds the gates leave before Argo's workflow deadline: :data:`MARGIN` times the plan's figures for
+    teardown, regress and report on the orchestrator the profile runs on (docs/reliability.md)."""
+    orch: Orchestrator = "argo" if profile.hardware.kind == "kubernetes" else "local"
+    rates = _Rates(profile, orch)
+    return math.ceil(MARGIN * sum(rates.fixed(s) for s in AFTER_WINDOW))
 
 
 def plan_profile(profile: Profile, run: Run = "qualification") -> Plan:

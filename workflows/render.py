@@ -43,6 +43,8 @@ from gauntlet.workflows.graph import (DEFAULT_TIMEOUT_S, Dag, Graph, Need, Retry
                                       dag_engine, output_default, retry_policy)
 from gauntlet.workflows.graph import Task as GTask
 from gauntlet.workflows.graph import image_key
+from gauntlet.workflows.plan import window_reserve_s
+from gauntlet.steps.window import RESERVE_ENV
 
 __all__ = ["render_documents", "render_profile", "template_name", "cron_name", "janitor_name", "RenderError",
            "unverified_images", "refuse_unverified", "UNVERIFIED_ANNOTATION", "ALLOW_UNVERIFIED_ENV",
@@ -238,6 +240,9 @@ def _container(profile: Profile, images: dict[str, ImageRef], dag: Dag, task: GT
     if profile.artifact_repository is not None:
         outputs.append(Artifact(name="evidence", path=_localize(out, {}), optional=True))
     env = _env()
+    if needs_of(task.step_name()).windowed:
+        # the gate stops this long before Argo's deadline (ARGO_DEADLINE), so the release and the report run
+        env.append(m.EnvVar(name=RESERVE_ENV, value=str(window_reserve_s(profile))))
     env_from = None
     if needs_of(task.step_name()).results_secret:
         # results-store credentials (e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_ENDPOINT_URL)

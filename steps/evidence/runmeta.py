@@ -65,9 +65,9 @@ def driver(run_dir: Path, profile: Profile) -> str:
     verdicts, their ``driver``), the distinct versions joined by ``,``; ``none`` on a profile without GPUs;
     else NVML on this host (a one-machine GPU run without Gate 1); else ``unknown``."""
     seen = set()
-    for f in sorted(Path(run_dir).glob("nodes-*/verdict.json")):
+    for d in RunLayout(Path(run_dir)).node_check_dirs():
         try:
-            got = Verdict.read(f.parent).metrics.get("driver")
+            got = Verdict.read(d).metrics.get("driver")
         except CorruptVerdict:
             continue
         if isinstance(got, str) and got:

@@ -33,7 +33,7 @@ from gauntlet.steps.options import GateOptions, option
 NAME = "cleanup"
 HELP = "exit handler: keep logs, stop/delete everything this run created (always runs, never refuses)"
 # The step loads the profile itself: a profile that does not load must not stop the release.
-NEEDS = Needs(profile=False, results_secret=True, api="manage")
+NEEDS = Needs(profile=False, results_secret=True, api="manage", windowed=False)
 
 __all__ = ["Options", "parse_failures", "parse_status", "go_unquote", "run", "exit_code"]
 

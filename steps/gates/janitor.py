@@ -33,7 +33,7 @@ from gauntlet.steps.options import GateOptions, option
 
 NAME = "janitor"
 HELP = "release the objects (or local engines) of runs whose workflow is gone or long finished"
-NEEDS = Needs(profile=False, api="janitor")
+NEEDS = Needs(profile=False, api="janitor", windowed=False)
 
 __all__ = ["Options", "judge_run", "parse_duration", "RunState", "run", "exit_code"]
 

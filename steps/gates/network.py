@@ -172,7 +172,7 @@ def judge_phase(phase: str, results: list[dict[str, Any] | None], net: NetworkSp
 
 
 def _inventories(inputs: tuple[str, ...] | None, out: Path) -> list[dict[str, Any]]:
-    dirs = [Path(d) for d in inputs] if inputs is not None else sorted(RunLayout.dag_dir(out).glob("nodes-*"))
+    dirs = [Path(d) for d in inputs] if inputs is not None else RunLayout(RunLayout.dag_dir(out)).node_check_dirs()
     invs = []
     for d in dirs:
         f = d / "inventory.json"

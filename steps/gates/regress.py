@@ -58,7 +58,7 @@ from gauntlet.steps.options import option
 NAME = "regress"
 HELP = ("Nightly: each case metric's verdict against the store: regressed / suspicious / no regression / "
         "insufficient data")
-NEEDS = Needs(results_secret=True, size="large")
+NEEDS = Needs(results_secret=True, size="large", windowed=False)
 
 __all__ = ["Options", "Rule", "Label", "METRICS", "judge_metric", "judge", "nightly_medians", "run", "DEFAULT_RULE",
            "suspect_cases", "FAILING", "PASSING", "origin", "PROVENANCE", "nightly_rounds", "round_sigma",

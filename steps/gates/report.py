@@ -27,7 +27,7 @@ from gauntlet.steps.options import option
 
 NAME = "report"
 HELP = "Write report.md and plots for the run directory"
-NEEDS = Needs(results_secret=True, size="large")
+NEEDS = Needs(results_secret=True, size="large", windowed=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,7 @@ __all__ = ["NAME", "HELP", "NEEDS", "Options", "run"]
 
 NAME = "teardown"
 HELP = "stop the engine this run deployed (scale to 0 / stop the process group) and wait until freed"
-NEEDS = Needs(api="manage")
+NEEDS = Needs(api="manage", windowed=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,9 +14,10 @@ tokenizer or GPU is needed and the comparison is noise (keep baseline). Gate 6's
 (Gate 3's, which need a model that answers) are played as passed: the engine stand-in serves no chat.
 Chosen by a behaviour ``{"measure": "stand-in"}`` in the kubelet's table.
 
-``{"measure": "runner", "exit": 1, "outputs": {...}}``: the real step runner (``gauntlet step S ...``:
-its options, the engine check before a gate that judges the engine, the rank watch, the verdict) with only the
-gate's own judgement played: it returns the behaviour's status and outputs. So a retried smoke, perf or longctx
+``{"measure": "runner", "exit": 1, "outputs": {...}, "after_s": 0}``: the real step runner (``gauntlet step S ...``:
+its options, the run's window, the engine check before a gate that judges the engine, the rank watch, the
+verdict) with only the gate's own judgement played: it takes ``after_s`` and returns the behaviour's status and
+outputs. So a retried smoke, perf or longctx
 on the box redeploys a released engine through the real code (steps/gates/engine_present.py).
 
 ``standin.py engine --port P --rank R --served-name N [--host A]``: plays an engine rank. Rank 0
@@ -115,6 +116,7 @@ def _play_gate(step: str, behaviour: dict) -> None:
 
     def play(opts, out):            # noqa: ANN001, ARG001 - a gate's run(opts, out)
         print(f"stand-in {step}: the real runner, the gate's judgement played: {status}", flush=True)
+        time.sleep(float(behaviour.get("after_s", 0)))      # the gate's work (a perf round) takes this long
         return ([Check("standin", status, None, None, f"stand-in judgement for {step} on the box: {status}")],
                 {"standin": True, "outputs": dict(behaviour.get("outputs") or {})})
 
