@@ -282,3 +282,16 @@ def test_sigint_mid_run_runs_exit_handler_and_leaves_nothing(tmp_path: Path) -> 
     assert tasks["vllm/perf"] == ["Omitted", "not reached: the run was interrupted"]
     assert tasks["report"] == ["Omitted", "not reached: the run was interrupted"]
     assert tasks["cleanup"][0] == "Succeeded"
+
+
+def test_each_task_says_what_the_plan_has_left(tmp_path: Path) -> None:
+    """`gauntlet run` hands the runner its plan (run_local); each finished task then prints the plan's time left
+    after it and how far the run is behind or ahead of it. A task the plan lacks prints no plan part."""
+    r = make_runner(tmp_path, fake_graph(None), engines="vllm")
+    r.follow_plan({"preflight": 60.0, "vllm/deploy": 600.0, "vllm/smoke": 660.0}, 900.0)
+    r.run()
+    lines = r.stream.getvalue().splitlines()
+    done = {ln.split("gate2 ")[-1].split(":")[0]: ln for ln in lines if " SUCCEEDED " in ln or " FAILED " in ln}
+    assert "plan: ~5 min left of ~15 min, " in done["vllm/deploy"] and "ahead" in done["vllm/deploy"], done
+    assert "plan: ~14 min left of ~15 min" in next(ln for ln in lines if "preflight: SUCCEEDED" in ln)
+    assert "plan:" not in next(ln for ln in lines if "vllm/perf: SUCCEEDED" in ln)

@@ -24,16 +24,19 @@ from datetime import datetime, UTC
 from pathlib import Path
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from gauntlet.params import Profile
 from gauntlet.steps import STEPS, needs_of
-from gauntlet.contract import EXIT_TRANSIENT, CorruptVerdict, Verdict, now_iso, write_json_atomic
+from gauntlet.contract import EXIT_TRANSIENT, CorruptVerdict, UsageError, Verdict, now_iso, write_json_atomic
 from gauntlet.contract.layout import RunLayout, output_path, verdict_path
 from gauntlet.workflows import refs
 from gauntlet.workflows.graph import (ALL_PARAMETERS, DEFAULT_TIMEOUT_S, ENGINE_SEQUENCE, ConditionError, Dag, Graph,
                                       RetryPolicy, Run, Task, build_graph, dag_engine, output_default, retry_policy)
 from gauntlet.workflows.phase import dag_phase
+
+if TYPE_CHECKING:
+    from gauntlet.workflows.plan import Plan
 
 __all__ = ["run_local", "Runner", "TaskResult", "write_summary"]
 
@@ -81,12 +84,28 @@ class Runner:
         self.t0 = time.monotonic()
         self.in_steps_s = 0.0
         self.interrupted = False
+        self.plan_ends: dict[str, float] = {}       # task path -> when the plan has it end (s from the start)
+        self.plan_total_s = 0.0
 
     # ----------------------------------------------------------- output
 
     def say(self, text: str) -> None:
         el = time.monotonic() - self.t0
         print(f"[{int(el) // 60:02d}:{int(el) % 60:02d}] {text}", file=self.stream, flush=True)
+
+    def follow_plan(self, ends: dict[str, float], total_s: float) -> None:
+        """Say after each task how much of the run the plan has left (``gauntlet plan``'s rows)."""
+        self.plan_ends, self.plan_total_s = dict(ends), total_s
+
+    def _progress(self, path: str) -> str:
+        """`` | plan: ~N left of ~T, M behind/ahead`` after ``path`` (nothing for a task the plan lacks)."""
+        end = self.plan_ends.get(path)
+        if end is None:
+            return ""
+        el = time.monotonic() - self.t0
+        drift = el - end
+        return (f" | plan: ~{_mins(max(self.plan_total_s - end, 0))} left of ~{_mins(self.plan_total_s)}, "
+                f"{_mins(abs(drift))} {'behind' if drift > 0 else 'ahead'}")
 
     # ----------------------------------------------------------- references
 
@@ -252,7 +271,7 @@ class Runner:
         else:
             res.reason = _failure_reason(res, out / "step.log")
         self.say(f"{task.gate} {path}: {res.phase.upper()} verdict={res.verdict or '-'} ({res.duration_s:.1f}s)"
-                 + (f" - {res.reason}" if res.reason else ""))
+                 + (f" - {res.reason}" if res.reason else "") + self._progress(path))
         return res
 
     def _backoff_s(self, attempt: int, policy: RetryPolicy) -> float:
@@ -459,6 +478,20 @@ def _startups(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def _mins(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _plan(graph: Graph, profile: Profile) -> Plan | None:
+    """The run's plan, for the progress lines; None (no lines) when the plan cannot be made."""
+    from gauntlet.params import load_images
+    from gauntlet.workflows.plan import image_fixes, plan_graph
+    try:
+        return plan_graph(graph, profile, "local", image_fixes(profile, load_images()))
+    except (UsageError, ValueError, OSError):
+        return None
+
+
 def _run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
 
@@ -486,6 +519,10 @@ def run_local(profile: Profile, profile_file: Path, *, runs_dir: Path = Path("ru
     started = now_iso()
     runner = Runner(graph, profile_file, run_dir, params, gates=gates, **runner_overrides)
     runner.say(f"run {run_id}: profile {profile.name}, the {run} run, evidence in {run_dir}")
+    plan = _plan(graph, profile)
+    if plan is not None:
+        runner.follow_plan({r.path: r.end_s for r in plan.rows}, plan.total_s)
+        runner.say(f"plan: ~{_mins(plan.total_s)} for the whole run (gauntlet plan --profile {profile.name})")
     # the local janitor: engines of earlier runs whose runner was killed (kill -9) are stopped first
     _, swept = local.janitor(run_dir / ".janitor", runs_dir=run_dir.parent, exclude=run_dir)
     for name, what in swept["released"].items():
