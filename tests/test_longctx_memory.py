@@ -15,11 +15,10 @@ import math
 import re
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from loopback import JsonHandler
+from loopback import ChatStandIn
 
 from gauntlet.params import load_profile
 from gauntlet.steps.cluster import telemetry as T
@@ -71,41 +70,22 @@ class _Replay(T.Reader):
         return {}, {}
 
 
-class _Chat:
+class _Chat(ChatStandIn):
     """Finds every needle; while a rung's request is in flight the replayed memory is ``memory[rung]``."""
 
     def __init__(self, reader: _Replay, memory: dict[int, float]):
         self.reader, self.memory, self.sent = reader, memory, []
 
-    def __enter__(self):
-        me = self
-
-        class Handler(JsonHandler):
-            def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": "kimi-k3"}]})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if self.path != "/v1/chat/completions":
-                    return self._send(404, {})
-                text = body["messages"][0]["content"]
-                # the rung whose size is nearest (no /tokenize here: the gate fills ~4.1-4.7 characters a token)
-                rung = min(me.memory, key=lambda t: abs(math.log(len(text) / (4.4 * t))))
-                me.sent.append(rung)
-                me.reader.gib = me.memory[rung]
-                time.sleep(0.3)                                                   # a few samples per request
-                code = re.search(r"passcode is (\S+)\.", text).group(1)
-                self._send(200, {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": code}}]})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+    def complete(self, body):
+        text = body["messages"][0]["content"]
+        # the rung whose size is nearest (no /tokenize here: the gate fills ~4.1-4.7 characters a token)
+        rung = min(self.memory, key=lambda t: abs(math.log(len(text) / (4.4 * t))))
+        self.sent.append(rung)
+        self.reader.gib = self.memory[rung]
+        time.sleep(0.3)                                                   # a few samples per request
+        code = re.search(r"passcode is (\S+)\.", text).group(1)
+        return {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": code}}]}
 
 
 @pytest.fixture

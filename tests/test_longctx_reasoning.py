@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Callable
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from loopback import JsonHandler
+from loopback import ChatStandIn
 
 from gauntlet.params import load_profile
 from gauntlet.params.models import Profile
@@ -54,7 +52,7 @@ def sglang_reply():
     return reply
 
 
-class KimiOnSglang:
+class KimiOnSglang(ChatStandIn):
     """A loopback Kimi K3 behind SGLang's reply code: it thinks ``think(code)`` (words; the open marker is the
     generation prefix, so the output starts inside the channel), then answers ``answer(code)``; the output is
     cut at the request's max_tokens (one token a word or a marker) and finishes 'length' when it was."""
@@ -73,27 +71,6 @@ class KimiOnSglang:
         cut = tokens[:body["max_tokens"]]
         return self.reply(" ".join(cut), "length" if len(cut) < len(tokens) else "stop", len(text) // 5, len(cut))
 
-    def __enter__(self) -> KimiOnSglang:
-        me = self
-
-        class Handler(JsonHandler):
-            def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": "kimi-k3"}]})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if self.path != "/v1/chat/completions":
-                    return self._send(404, {"object": "error", "message": "Not Found"})
-                self._send(200, me.complete(body))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 THINKING = "Let me read the text carefully and find the sentence that states the passcode . " * 20   # 300 words

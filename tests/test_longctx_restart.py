@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from k8s_double import FakeEngine, K8sDouble, running
-from loopback import JsonHandler
+from loopback import ChatStandIn
 
 from gauntlet.contract import UsageError
 from gauntlet.params import load_profile
@@ -114,37 +112,18 @@ def test_local_context_is_read_from_the_state_file_of_a_live_engine(tmp_path):
 
 # ---- Kubernetes: the API double, a stand-in engine ------------------------------------------------------
 
-class _Needle:
+class _Needle(ChatStandIn):
     """A stand-in chat API that finds every needle (the real model cannot run here): /v1/models, chat."""
 
     def __init__(self):
         self.prompts: list[int] = []
 
-    def __enter__(self):
-        me = self
-
-        class Handler(JsonHandler):
-            def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": "kimi-k3"}]})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                if self.path != "/v1/chat/completions":
-                    return self._send(404, {})
-                text = body["messages"][0]["content"]
-                me.prompts.append(len(text))
-                code = re.search(r"passcode is (\S+)\.", text).group(1)
-                self._send(200, {"choices": [{"message": {"content": code}, "finish_reason": "stop"}],
-                                 "usage": {"prompt_tokens": len(text) // 5}})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+    def complete(self, body):
+        text = body["messages"][0]["content"]
+        self.prompts.append(len(text))
+        code = re.search(r"passcode is (\S+)\.", text).group(1)
+        return {"choices": [{"message": {"content": code}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": len(text) // 5}}
 
 
 @pytest.fixture
