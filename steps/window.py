@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -94,13 +95,18 @@ def window_check(gate: str, window: Window, started: float, now: float | None = 
 
 @contextlib.contextmanager
 def armed(window: Window | None) -> Iterator[None]:
-    """Raise :class:`WindowSpent` in the main thread when the window ends (at once if it has ended)."""
+    """Raise :class:`WindowSpent` in the main thread when the window ends (at once if it has ended); in another
+    thread (an in-process caller) only the at-once check."""
     if window is None:
         yield
         return
     left = window.left_s()
     if left <= 0:
         raise WindowSpent(window.describe())
+
+    if threading.current_thread() is not threading.main_thread():     # signals reach the main thread only
+        yield
+        return
 
     def _stop(_sig: int, _frame: object) -> None:
         raise WindowSpent(window.describe())
