@@ -220,10 +220,11 @@ def test_confirmation_runs_only_on_a_suspicion_and_never_holds_longctx_back(susp
     assert confirm.step == "perf" and "--phase" in confirm.args and "confirm" in confirm.args
     assert str(DEFAULT_RULE.confirm_rounds) in confirm.args
     assert seq.task("suspect").step == "regress" and "suspect" in seq.task("suspect").args
-    # Gate 6's baseline phases run next, on the still-up baseline, whether confirm ran or was skipped;
-    # longctx follows them (an engine without such phases goes straight from confirm to longctx)
-    after = seq.task("baseline-phases")
-    assert after.upstream == ("confirm",) and longctx.upstream == ("baseline-phases",)
+    # the climb to the highest load meeting the SLO runs next whether confirm ran or was skipped; then Gate 6's
+    # baseline phases on the still-up baseline, then longctx
+    after = seq.task("climb")
+    assert after.upstream == ("confirm",) and seq.task("baseline-phases").upstream == ("climb",)
+    assert longctx.upstream == ("baseline-phases",)
     assert all(n.met({"confirm": "Succeeded" if runs else "Skipped"}) for n in after.depends)
 
 
