@@ -121,12 +121,12 @@ def run(copy: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess
 
 
 def render_and_lint(copy: Path, profile: str, out: Path) -> dict[str, object]:
-    """``gauntlet render`` then ``gauntlet lint`` from the copy; the WorkflowTemplate rendered."""
+    """``gauntlet render`` then ``gauntlet lint`` from the copy; the qualification WorkflowTemplate rendered."""
     where = run(copy, "-c", "import gauntlet.steps, gauntlet.workflows.cli; print(gauntlet.steps.__file__)")
     assert where.stdout.strip() == str(copy.parent / "path" / "gauntlet" / "steps" / "__init__.py")
     run(copy, "-m", "gauntlet.workflows.cli", "render", "--profile", profile, "--out", str(out))
     assert "lint: ok" in run(copy, "-m", "gauntlet.workflows.cli", "lint", str(out)).stdout
-    (wt,) = out.glob("*.workflowtemplate.yaml")
+    (wt,) = (p for p in out.glob("*.workflowtemplate.yaml") if not p.name.endswith("-nightly.workflowtemplate.yaml"))
     return yaml.safe_load(wt.read_text())
 
 

@@ -31,7 +31,7 @@ PLAYS = {
     "vllm/deploy": [{"exit": 0, "outputs": {"endpoint": "http://127.0.0.1:9"}}], "vllm/smoke": [PASS],
     "vllm/perf": [{"exit": 0, "outputs": {"unlock_c4_128_32": "false"}}],
     "vllm/suspect": [{"exit": 0, "outputs": {"suspect": "false", "suspect_cases": ""}}],
-    "vllm/baseline-phases": [PASS], "vllm/longctx": [{"exit": 0, "outputs": {"unlock_all_lower": "false"}}],
+    "vllm/climb": [PASS], "vllm/baseline-phases": [PASS], "vllm/longctx": [{"exit": 0, "outputs": {"unlock_all_lower": "false"}}],
     "vllm/release-baseline": [PASS], "vllm/exp-prefix-cache": [{"exit": 1, "detail": NO_PREFIX}],
 }
 

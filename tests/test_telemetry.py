@@ -399,7 +399,8 @@ def test_perf_on_a_gpu_profile_fails_when_the_ranks_sampler_reads_no_gpu(tmp_pat
     from gauntlet.steps.gates import perf
 
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(
-        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 0, nvmlDeviceGetHandleByIndex=lambda i: None))
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 0, nvmlDeviceGetHandleByIndex=lambda i: None,
+        nvmlShutdown=lambda: None))
     reader = T.Reader(ib_root=tmp_path / "ib", proc_net_dev=str(tmp_path / "net_dev"), sys_net=tmp_path / "net",
                       smi=None)
     s = T.Sampler(reader, interval_s=0.1)

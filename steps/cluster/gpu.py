@@ -219,6 +219,8 @@ def inventory_from_nvml() -> GpuInventory | None:
                                 driver=_s(nv.nvmlSystemGetDriverVersion()), persistence=pers, ecc_uncorrected=ecc))
         return GpuInventory(tuple(gpus), driver=_s(nv.nvmlSystemGetDriverVersion()),
                             cuda=f"{cuda_v // 1000}.{cuda_v % 1000 // 10}", source="nvml")
+    except Exception:  # a query NVML refuses (an older binding, a device gone): nvidia-smi is the source then
+        return None
     finally:
         nv.nvmlShutdown()
 
