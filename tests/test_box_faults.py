@@ -381,8 +381,12 @@ def test_cleanup_transient_then_real_retried_and_released(box_session):
 
 
 def test_cleanup_always_fails_janitor_releases(box_session):
+    """Smoke fails, the sequence's teardown fails too (played: an API server refusing it) and so does every
+    attempt of the exit handler's cleanup: the engine stays held until the janitor releases it. Without the
+    teardown's failure it would release the engine itself (it runs whatever happened before it) and the row
+    would prove nothing about the janitor."""
     s = box_session
-    name = submit_async(s, {"sglang/smoke": [FAIL], "cleanup": [{"exit": 75}]})
+    name = submit_async(s, {"sglang/smoke": [FAIL], "sglang/teardown": [FAIL], "cleanup": [{"exit": 75}]})
     wf = wait_done(s, name)
     uid = wf["metadata"]["uid"]
     out = outcome(s, wf)

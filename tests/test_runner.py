@@ -295,3 +295,104 @@ def test_each_task_says_what_the_plan_has_left(tmp_path: Path) -> None:
     assert "plan: ~5 min left of ~15 min, " in done["vllm/deploy"] and "ahead" in done["vllm/deploy"], done
     assert "plan: ~14 min left of ~15 min" in next(ln for ln in lines if "preflight: SUCCEEDED" in ln)
     assert "plan:" not in next(ln for ln in lines if "vllm/perf: SUCCEEDED" in ln)
+
+
+def test_an_engine_still_being_built_waits_without_holding_the_first_engines_gates(tmp_path: Path, monkeypatch) -> None:
+    """`make run` starts llama.cpp's cold build in the background (.ci/install-llama-cpp.sh --background): while
+    its marker names a live builder, the runner defers llama.cpp's Gate 0 check, runs the first engine's
+    sequence, and waits for the build only when llama.cpp's sequence needs the check. The builder is a stand-in
+    (a shell that finishes once vLLM's teardown has written its verdict, then makes the program and removes its
+    marker, as the install script's build does): the real cold build takes minutes. The check passes only if the
+    program exists when it runs, so running it in its place, before the build ended, fails this test."""
+    from gauntlet.steps.engines import llamacpp
+
+    marker, prog = tmp_path / "llama.cpp.building", tmp_path / "llama-server"
+    monkeypatch.setattr(llamacpp, "build_marker", lambda python: marker)
+    eng = str(refs.input_param("engine"))
+    seq = Dag("engine-sequence", (
+        Task("deploy", step="fake-engine", gate="gate2", args=("--engine", eng), outputs=("endpoint",)),
+        Task("smoke", step="fake-pass", gate="gate3", depends=(Need("deploy"),)),
+        Task("teardown", step="fake-teardown", gate="gate2", depends=(Need("smoke"),), args=("--engine", eng)),
+    ), inputs=("engine",))
+    main = Dag("main", (
+        Task("preflight", step="fake-pass", gate="gate0"),
+        Task("engine-check-vllm", step="engine-check", gate="gate0", args=("--engine", "vllm"),
+             depends=(Need("preflight"),)),
+        Task("engine-check-llamacpp", step="engine-check", gate="gate0", args=("--engine", "llamacpp"),
+             depends=(Need("preflight"),)),
+        Task("vllm", dag="engine-sequence", gate="gate2-6", inputs={"engine": "vllm"},
+             depends=(Need("engine-check-vllm"),)),
+        Task("llamacpp", dag="engine-sequence", gate="gate7", inputs={"engine": "llamacpp"},
+             depends=(Need("engine-check-llamacpp"), Need("vllm", SUCCEEDED_OR_SKIPPED))),
+    ))
+    graph = Graph("fake", main, (seq,), fake_graph().exit_handler, {})
+    steps = {n: "gauntlet.steps.gates.cleanup" for n in ("fake-pass", "engine-check", "fake-engine", "fake-teardown",
+                                                          "cleanup")}
+    r = make_runner(tmp_path, graph, steps=steps)
+    r.env["FAKE_PROGRAM_LLAMACPP"] = str(prog)
+    done = r.run_dir / "vllm" / "teardown" / "verdict.json"
+    builder = subprocess.Popen(["bash", "-c", f"until [ -f '{done}' ]; do sleep 0.2; done; sleep 2; "
+                                              f"touch '{prog}'; rm -f '{marker}'"])
+    marker.write_text(f"{builder.pid} {tmp_path / 'build.log'}")
+    try:
+        assert r.run() == "Succeeded", phases(r)
+    finally:
+        builder.kill()
+    order = [x.path for x in r.results if x.step]
+    assert order.index("vllm/teardown") < order.index("engine-check-llamacpp") < order.index("llamacpp/deploy"), order
+    assert phases(r)["engine-check-llamacpp"] == "Succeeded"
+    out = r.stream.getvalue()
+    assert (f"gate0 engine-check-llamacpp: deferred until a task needs it (llama-server is still being built in the "
+            f"background (pid {builder.pid}") in out, out
+    assert "engine-check-llamacpp: waited " in out, out
+
+
+@pytest.mark.parametrize("content, alive, expect", [
+    ("{pid} /x/build.log", True, "llama-server is still being built in the background (pid {pid}, its log /x/build.log)"),
+    ("{pid} /x/build.log", False, None),
+    ("not a pid", True, None),
+    (None, True, None),
+])
+def test_a_build_marker_names_a_live_builder_or_nothing(tmp_path, content, alive, expect) -> None:
+    """steps/engines/llamacpp.py building: only a marker naming a live process means "still building"; a builder
+    that died (its trap could not run), a garbled marker or none at all leave the check to judge the program."""
+    from gauntlet.steps.engines import llamacpp
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    proc = subprocess.Popen(["sleep", "30"])
+    if not alive:
+        proc.kill()
+        proc.wait()
+    try:
+        if content is not None:
+            (venv / "llama.cpp.building").write_text(content.format(pid=proc.pid))
+        got = llamacpp.building(str(venv / "bin" / "python"))
+        assert got == (expect.format(pid=proc.pid) if expect else None)
+        assert llamacpp.building("python") is None          # a bare name: no venv to look in
+    finally:
+        proc.kill()
+
+
+def test_install_script_background_mode_returns_at_once_and_its_marker_goes_with_the_build(tmp_path) -> None:
+    """The real .ci/install-llama-cpp.sh --background, on an empty cache and a venv whose python fails at once
+    (so its build fails at the download, in a second, instead of compiling for minutes): it returns 0 at once,
+    its marker names the builder and the log, and when the build ends (here by failing) the marker is gone and
+    the log says why."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text("#!/bin/sh\necho 'no pip here' >&2\nexit 1\n")
+    py.chmod(0o755)
+    env = {**os.environ, "GAUNTLET_LLAMA_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run(["bash", str(REPO / ".ci" / "install-llama-cpp.sh"), "--background", str(venv)], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "building in the background at idle priority" in r.stdout, r.stdout
+    marker = venv / "llama.cpp.building"
+    deadline = time.monotonic() + 30
+    while marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not marker.exists(), marker.read_text()
+    assert "no pip here" in (venv / "llama.cpp.build.log").read_text()
+    assert not (venv / "bin" / "llama-server").exists()

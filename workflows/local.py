@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from gauntlet.params import Profile
 from gauntlet.steps import STEPS, needs_of
+from gauntlet.steps.engines import engine as engine_of
 from gauntlet.contract import EXIT_TRANSIENT, CorruptVerdict, UsageError, Verdict, now_iso, write_json_atomic
 from gauntlet.contract.layout import RunLayout, output_path, verdict_path
 from gauntlet.workflows import refs
@@ -42,6 +43,8 @@ __all__ = ["run_local", "Runner", "TaskResult", "write_summary"]
 
 HEARTBEAT_S = 30.0
 INTERRUPT_GRACE_S = 60.0              # a step gets this long to release what it holds after SIGINT
+BUILD_WAIT_S = 3600.0                 # the longest a deferred check waits for its engine's background build
+BUILD_POLL_S = 2.0
 
 
 @dataclass
@@ -148,7 +151,20 @@ class Runner:
         """Run ``dag``'s tasks; ``engine``: the engine directory its tasks write under (None: the run's root)."""
         phases: dict[str, str] = {}
         outs: dict[str, str] = {}
-        for task in dag.tasks:
+        pending = list(dag.tasks)
+        deferred: list[Task] = []          # Gate 0 checks of an engine still being built: run when first needed
+        while pending or deferred:
+            needed = [d for d in deferred if not pending or d.name in pending[0].upstream]
+            if needed:                     # the next task needs it (or nothing else is left): wait for its build
+                task = needed[0]
+                deferred.remove(task)
+                self._await_build(task)
+            else:
+                task = pending.pop(0)
+                if why := self._being_built(task):
+                    self.say(f"{task.gate} {task.name}: deferred until a task needs it ({why})")
+                    deferred.append(task)
+                    continue
             scope = {"inputs": inputs, "outs": outs, "phases": phases, "workflow": self._workflow_vars()}
             res = self._decide(task, engine, phases, scope)
             if res is None:                              # it runs
@@ -172,6 +188,33 @@ class Runner:
                 raise Interrupted()
         # Argo judges a DAG by its leaf tasks, not by whether any task failed (workflows/phase.py)
         return dag_phase({t.name: t.upstream for t in dag.tasks}, phases)
+
+    def _being_built(self, task: Task) -> str | None:
+        """Why ``task`` should wait: it is an engine's Gate 0 check and that engine's program is still being built
+        in the background on this machine (:attr:`gauntlet.steps.engines.Engine.building`); else None."""
+        if task.step != "engine-check" or "--engine" not in task.args:
+            return None
+        name = task.args[task.args.index("--engine") + 1]
+        try:
+            eng = engine_of(name)
+        except UsageError:
+            return None
+        return eng.building(self.python) if eng.building else None
+
+    def _await_build(self, task: Task) -> None:
+        """Wait for the background build ``task`` was deferred for (a line a minute), at most BUILD_WAIT_S; the
+        check then runs and judges what the build left (a failed build: no program, which the check names)."""
+        t0 = time.monotonic()
+        said = t0
+        while (why := self._being_built(task)) and time.monotonic() - t0 < BUILD_WAIT_S:
+            if time.monotonic() - said >= 60:
+                self.say(f"{task.gate} {task.name}: waiting {time.monotonic() - t0:.0f}s so far: {why}")
+                said = time.monotonic()
+            time.sleep(BUILD_POLL_S)
+        waited = time.monotonic() - t0
+        if waited >= 1:
+            self.say(f"{task.gate} {task.name}: waited {waited:.0f}s for the background build"
+                     + (f"; still building after {BUILD_WAIT_S:.0f}s, the check runs now" if why else ""))
 
     def _mark_unreached(self, dag: Dag, engine: str | None) -> None:
         """After an interrupt: every task the walk never reached shows as Omitted, with why."""

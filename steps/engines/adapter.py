@@ -62,6 +62,9 @@ class Engine:
     # the log line it prints when its KV pool holds fewer tokens than one request of the context it serves
     # (groups ``pool``, ``context``); Gate 5 reads a restart's logs for it (steps/gates/_ladder_restart.py)
     kv_pool_capped: re.Pattern[str] | None = None
+    # python -> one line while its program is still being built in the background on this machine (`make run`
+    # starts the local second engine's cold build beside the first engine's gates), else None
+    building: Callable[[str], str | None] | None = None
 
 
 # what every engine must give (the rest is optional)

@@ -30,6 +30,7 @@ from gauntlet.steps.engines.argv import Placement, flag
 from gauntlet.steps.engines.replies import ReplyRules
 
 __all__ = ["ENGINE", "REPLIES", "LlamaCppAdapter", "program", "serve", "flags", "local_weights", "PROGRAM",
+           "building", "build_marker",
            "program_for", "home", "gguf_path", "gguf_outtype", "ensure_gguf", "describe", "GgufError", "OptionInfo",
            "parse_help", "options_of"]
 
@@ -55,6 +56,28 @@ def home(python: str | None = None) -> Path:
     if env:
         return Path(env)
     return Path(python or sys.executable).parent.parent / "llama.cpp"
+
+
+def build_marker(python: str) -> Path:
+    """The file the install script's background mode keeps while it builds (``<venv>/llama.cpp.building``:
+    the builder's pid and its log), beside the ``llama.cpp`` link it makes when done."""
+    return Path(python).parent.parent / "llama.cpp.building"
+
+
+def building(python: str) -> str | None:
+    """One line while ``.ci/install-llama-cpp.sh --background`` still builds llama-server for this Python's
+    environment (its marker names a live process), else None: built, failed (the check then finds no program)
+    or never started."""
+    if os.sep not in python:
+        return None
+    marker = build_marker(python)
+    try:
+        pid_text, _, log = marker.read_text().strip().partition(" ")
+        pid = int(pid_text)
+        os.kill(pid, 0)
+    except (OSError, ValueError):     # no marker, a garbled one, or its builder is gone
+        return None
+    return f"llama-server is still being built in the background (pid {pid}, its log {log or '?'})"
 
 
 def gguf_outtype(dtype: str | None) -> str:
@@ -372,4 +395,4 @@ ENGINE = Engine(
     # (a case gated on headroom stays locked, saying so), and its /metrics is answered by the same loop that
     # decodes, so it cannot tell a stuck decode either
     metrics={},
-    local_weights=local_weights)
+    local_weights=local_weights, building=building)

@@ -40,12 +40,11 @@ import ssl
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 
 from box.build import Binaries, ensure_built
@@ -63,6 +62,14 @@ KCM_CONTROLLERS = ("statefulset", "job", "garbage-collector-controller", "namesp
 # controller reads (configuration, not a patch).
 ARGO_ENV = {"LEADER_ELECTION_DISABLE": "true", "DEFAULT_REQUEUE_TIME": "2s", "RECENTLY_STARTED_POD_DURATION": "2s",
             "ARGO_PROGRESS_PATCH_TICK_DURATION": "0", "INFORMER_WRITE_BACK": "true"}
+
+
+# The box shares two cores with the rest of the suite: an API server starved for a while answers late, not never.
+# A connection (the TLS handshake included) is tried again on every method; a read only on the methods urllib3
+# deems idempotent (a POST is never sent twice). What still fails raises urllib3's MaxRetryError, naming the URL.
+_RETRIES = urllib3.Retry(total=None, connect=5, read=2, status=0, other=0, redirect=False, backoff_factor=1.0,
+                         raise_on_status=False)
+_TIMEOUT = urllib3.Timeout(connect=30, read=60)
 
 
 class BoxError(RuntimeError):
@@ -288,26 +295,31 @@ class ControlPlane:
     def _ssl(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file))
 
+    def _pool(self) -> urllib3.PoolManager:
+        """One connection pool per box (its CA): kept-alive connections, no TLS handshake per call."""
+        pool = getattr(self, "_http", None)
+        if pool is None:
+            pool = self._http = urllib3.PoolManager(ssl_context=self._ssl(), maxsize=8)
+        return pool
+
     def _ready(self, path: str) -> bool:
         try:
-            return self.request("GET", path)[0] == 200
-        except (urllib.error.URLError, OSError):
+            return self.request("GET", path, retry=False)[0] == 200
+        except (urllib3.exceptions.HTTPError, OSError):
             return False
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                token: str | None = None) -> tuple[int, Any]:
-        """One raw API call (admin unless `token`); returns (status, parsed JSON or text)."""
+                token: str | None = None, retry: bool = True) -> tuple[int, Any]:
+        """One raw API call (admin unless `token`); returns (status, parsed JSON or text). ``retry`` False: one
+        try (a readiness poll asks again itself)."""
         data = None
         if body is not None:
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Authorization": f"Bearer {token or ADMIN_TOKEN}",
-                                              "Content-Type": content_type, "Accept": "application/json"})
-        try:
-            with urllib.request.urlopen(req, context=self._ssl(), timeout=30) as r:
-                status, text = r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            status, text = e.code, e.read().decode()
+        r = self._pool().request(method, self.url + path, body=data, retries=_RETRIES if retry else False,
+                                 timeout=_TIMEOUT,
+                                 headers={"Authorization": f"Bearer {token or ADMIN_TOKEN}",
+                                          "Content-Type": content_type, "Accept": "application/json"})
+        status, text = r.status, r.data.decode(errors="replace")
         try:
             return status, json.loads(text)
         except ValueError:

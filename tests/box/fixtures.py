@@ -18,7 +18,7 @@ import pytest
 from box.build import BuildError, ensure_built
 from box.controlplane import BoxError, ControlPlane
 
-__all__ = ["control_plane", "box_session"]
+__all__ = ["control_plane", "box_session", "no_run_left_behind"]
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +63,19 @@ def box_session(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
         kubelet.stop()
         if os.environ.get("GAUNTLET_BOX_KEEP"):
             print(f"box kept: {control_plane.workdir} {work}")
+
+
+@pytest.fixture(autouse=True)
+def no_run_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test on a box: a workflow it left unfinished (a timed-out wait, a failed assertion mid-run) is
+    stopped, so the next test on this box does not sit Pending behind it on the pool's mutex until it times out
+    too. Tests that use no box are left alone."""
+    yield
+    if "box_session" not in request.fixturenames:
+        return
+    left = request.getfixturevalue("box_session").stop_leftovers()
+    if left:
+        print(f"box: stopped the runs {request.node.nodeid} left unfinished: {', '.join(left)}")
 
 
 def pvc_dir(session, claim: str) -> Path:

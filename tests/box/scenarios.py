@@ -320,6 +320,28 @@ class BoxSession:
     def close(self) -> None:
         self._stop.set()
 
+    def unfinished(self) -> list[str]:
+        """The namespace's workflows not finished yet (running, or Pending on the pool's mutex)."""
+        status, body = self.box.request("GET", f"/apis/argoproj.io/v1alpha1/namespaces/{self.ns}/workflows")
+        if status != 200:
+            raise AssertionError(f"listing workflows: {status} {str(body)[:300]}")
+        return sorted(w["metadata"]["name"] for w in body.get("items", [])
+                      if not (w.get("status") or {}).get("finishedAt"))
+
+    def stop_leftovers(self, grace_s: float = 240) -> list[str]:
+        """End what a test left unfinished, so that no later test on this box waits behind it on the pool's mutex:
+        ``argo stop`` (the exit handler still releases), then ``argo terminate`` for what outlives ``grace_s``.
+        The names it stopped (a test that leaves a run behind is wrong, and its own failure says why)."""
+        left = self.unfinished()
+        for name in left:
+            self.box.argo("stop", "-n", self.ns, name)
+        deadline = time.monotonic() + grace_s
+        while left and time.monotonic() < deadline and set(self.unfinished()) & set(left):
+            time.sleep(2)
+        for name in set(self.unfinished()) & set(left):
+            self.box.argo("terminate", "-n", self.ns, name)
+        return left
+
     # one scenario -------------------------------------------------
     def submit(self, sc: Scenario, timeout_s: float = 600) -> Outcome:
         self.kubelet.set_standins(sc.standins())

@@ -74,7 +74,15 @@ def _teardown(args, out):
     return _deploy_local.teardown(types.SimpleNamespace(engine=args.engine, variant=None), out)
 
 
-MODULES = {"fake-pass": Fake("fake-pass", _pass), "perf": Fake("perf", _pass), "fake-fail": Fake("fake-fail", _fail),
+def _engine_check(args, out):
+    # a Gate 0 check that needs its engine's program: $FAKE_PROGRAM_<ENGINE> names it (absent: nothing to check)
+    prog = os.environ.get(f"FAKE_PROGRAM_{(args.engine or '').upper()}")
+    if prog and not Path(prog).exists():
+        return [Check("program", "fail", "present", "absent", f"{prog} not found")], {}
+    return [Check("program", "pass", "present", "present", prog or "-")], {}
+
+
+MODULES = {"fake-pass": Fake("fake-pass", _pass), "engine-check": Fake("engine-check", _engine_check), "perf": Fake("perf", _pass), "fake-fail": Fake("fake-fail", _fail),
            "fake-engine": Fake("fake-engine", _engine), "fake-teardown": Fake("fake-teardown", _teardown),
            "cleanup": cleanup}
 
