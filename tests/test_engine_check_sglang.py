@@ -5,11 +5,10 @@ The Kimi K3 profile passes as is; each injected mistake fails naming the flag or
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 
 import pytest
+from conftest import require_sglang
 
 from gauntlet.params import ProfileError, load_profile
 from gauntlet.params.models import Profile, Variant
@@ -27,10 +26,7 @@ ARCH = ["KimiK3ForConditionalGeneration"]
 
 @pytest.fixture(scope="module")
 def sglang():
-    if importlib.util.find_spec("sglang") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("sglang is not installed: make venv runs .ci/install-sglang.sh")
-        pytest.skip("sglang is not installed (.ci/install-sglang.sh)")
+    require_sglang()
     return SglangAdapter()   # imports SGLang's parser registries and builds ServerArgs' parser once
 
 

@@ -106,16 +106,21 @@ def test_grace_from_the_environment(monkeypatch, raw, want):
     assert S.grace_s() == want
 
 
+def _no_grace(monkeypatch, d, eng) -> None:
+    """deploy against the API double and the fake engine, with a zero stuck grace and a fast poll."""
+    monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
+    monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
+    monkeypatch.setenv(S.GRACE_ENV, "0")
+    monkeypatch.delenv("GAUNTLET_NAMESPACE", raising=False)
+    monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
+
+
 def test_deploy_fails_on_an_unschedulable_rank_quoting_the_scheduler_and_scales_to_zero(monkeypatch, tmp_path):
     """Against the API double: rank 1 has the real scheduler's Unschedulable status; with a zero grace deploy
     fails on the first poll, names the pod and the message, and leaves the StatefulSet at 0 replicas."""
     real = box_pod("unschedulable")
     with K8sDouble() as d, FakeEngine() as eng:
-        monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
-        monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
-        monkeypatch.setenv(S.GRACE_ENV, "0")
-        monkeypatch.delenv("GAUNTLET_NAMESPACE", raising=False)
-        monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
+        _no_grace(monkeypatch, d, eng)
         d.pod_log = lambda pod, c: ""
         d.pod_status = lambda pod: (real["status"] if pod["metadata"]["name"].endswith("-1")
                                     else {"phase": "Pending"})
@@ -154,11 +159,7 @@ def test_deploy_fails_when_no_rank_can_be_created_quoting_the_failed_create(monk
     instead of waiting its ready timeout (90 minutes for the Kimi K3) for pods that never come, and scales to 0."""
     (real,) = box_events()
     with K8sDouble() as d, FakeEngine() as eng:
-        monkeypatch.setenv("GAUNTLET_KUBE_API", d.url)
-        monkeypatch.setenv("GAUNTLET_READY_URL", eng.url)
-        monkeypatch.setenv(S.GRACE_ENV, "0")
-        monkeypatch.delenv("GAUNTLET_NAMESPACE", raising=False)
-        monkeypatch.setattr(_deploy_k8s, "POLL_S", 0.02)
+        _no_grace(monkeypatch, d, eng)
         d.refuse = lambda owner, pod: {k: real[k] for k in ("reason", "message", "type", "source", "lastTimestamp")}
         opts = deploy.Options(profile=KIMI, engine="sglang", variant=None, run_id=UID, backend="kubernetes")
         checks, metrics = _deploy_k8s.deploy(opts, tmp_path)

@@ -18,11 +18,10 @@ raises what SGLang's own loader raised (the real one needs the model and a GPU s
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
 
 import pytest
+from conftest import require_sglang
 
 from gauntlet.steps.client.probe_image import broken_png, data_url, solid_png
 
@@ -31,10 +30,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def sglang():
-    if importlib.util.find_spec("sglang") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("sglang is not installed: make venv runs .ci/install-sglang.sh")
-        pytest.skip("sglang is not installed (.ci/install-sglang.sh)")
+    require_sglang()
     import sglang
     from sglang.srt.utils import common
     return sglang, common
