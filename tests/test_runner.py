@@ -330,6 +330,7 @@ def test_an_engine_still_being_built_waits_without_holding_the_first_engines_gat
                                                           "cleanup")}
     r = make_runner(tmp_path, graph, steps=steps)
     r.env["FAKE_PROGRAM_LLAMACPP"] = str(prog)
+    r.follow_plan({"engine-check-vllm": 10.0, "engine-check-llamacpp": 10.0, "vllm/deploy": 30.0}, 60.0)
     done = r.run_dir / "vllm" / "teardown" / "verdict.json"
     builder = subprocess.Popen(["bash", "-c", f"until [ -f '{done}' ]; do sleep 0.2; done; sleep 2; "
                                               f"touch '{prog}'; rm -f '{marker}'"])
@@ -345,6 +346,10 @@ def test_an_engine_still_being_built_waits_without_holding_the_first_engines_gat
     assert (f"gate0 engine-check-llamacpp: deferred until a task needs it (llama-server is still being built in the "
             f"background (pid {builder.pid}") in out, out
     assert "engine-check-llamacpp: waited " in out, out
+    # it ran away from its place in the plan: its line has no plan part (the others keep theirs)
+    lines = out.splitlines()
+    assert "plan:" not in next(ln for ln in lines if "engine-check-llamacpp: SUCCEEDED" in ln)
+    assert "plan:" in next(ln for ln in lines if "engine-check-vllm: SUCCEEDED" in ln)
 
 
 @pytest.mark.parametrize("content, alive, expect", [

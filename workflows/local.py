@@ -89,6 +89,7 @@ class Runner:
         self.interrupted = False
         self.plan_ends: dict[str, float] = {}       # task path -> when the plan has it end (s from the start)
         self.plan_total_s = 0.0
+        self.moved: set[str] = set()                # task paths run later than the plan has them (deferred)
 
     # ----------------------------------------------------------- output
 
@@ -103,7 +104,7 @@ class Runner:
     def _progress(self, path: str) -> str:
         """`` | plan: ~N left of ~T, M behind/ahead`` after ``path`` (nothing for a task the plan lacks)."""
         end = self.plan_ends.get(path)
-        if end is None:
+        if end is None or path in self.moved:       # a deferred check ran away from its place in the plan
             return ""
         el = time.monotonic() - self.t0
         drift = el - end
@@ -158,6 +159,7 @@ class Runner:
             if needed:                     # the next task needs it (or nothing else is left): wait for its build
                 task = needed[0]
                 deferred.remove(task)
+                self.moved.add(self.layout.task_path(task.name, engine))
                 self._await_build(task)
             else:
                 task = pending.pop(0)
