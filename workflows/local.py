@@ -90,6 +90,7 @@ class Runner:
         self.plan_ends: dict[str, float] = {}       # task path -> when the plan has it end (s from the start)
         self.plan_total_s = 0.0
         self.moved: set[str] = set()                # task paths run later than the plan has them (deferred)
+        self.build_wait_s = 0.0                     # spent waiting for an engine's background build
 
     # ----------------------------------------------------------- output
 
@@ -214,6 +215,7 @@ class Runner:
                 said = time.monotonic()
             time.sleep(BUILD_POLL_S)
         waited = time.monotonic() - t0
+        self.build_wait_s += waited
         if waited >= 1:
             self.say(f"{task.gate} {task.name}: waited {waited:.0f}s for the background build"
                      + (f"; still building after {BUILD_WAIT_S:.0f}s, the check runs now" if why else ""))
@@ -478,6 +480,7 @@ def write_summary(run_dir: Path, meta: dict[str, Any], results: list[TaskResult]
     lines = [f"# gauntlet run {meta['run_id']}: {meta['status']}", "",
              f"- profile: `{meta['profile']}`", f"- started: {meta['started']}, finished: {meta['finished']}",
              f"- wall time: {meta['wall_s']:.1f} s; inside the gates' subprocesses: {meta['in_steps_s']:.1f} s; "
+             f"waiting for an engine's background build: {meta.get('build_wait_s', 0.0):.1f} s; "
              f"runner overhead: {meta['overhead_s']:.2f} s ({meta['overhead_pct']:.2f}% of wall)",
              f"- engine start-ups: {meta.get('engine_startups_s') or 'none'} (seconds until /v1/models answered)",
              f"- engines stopped by the exit guarantee: {meta['stopped_engines'] or 'none left running'}", "",
@@ -579,9 +582,10 @@ def run_local(profile: Profile, profile_file: Path, *, runs_dir: Path = Path("ru
     if stopped:
         runner.say(f"stopped {len(stopped)} engine group(s) the gates left running: {stopped}")
     wall = time.monotonic() - runner.t0
-    overhead = max(0.0, wall - runner.in_steps_s)
+    overhead = max(0.0, wall - runner.in_steps_s - runner.build_wait_s)
     meta = {"run_id": run_id, "profile": str(profile_file), "status": status, "started": started,
             "finished": now_iso(), "wall_s": round(wall, 2), "in_steps_s": round(runner.in_steps_s, 2),
+            "build_wait_s": round(runner.build_wait_s, 2),
             "overhead_s": round(overhead, 3), "overhead_pct": round(100 * overhead / wall, 3) if wall else 0.0,
             "interrupted": runner.interrupted, "parameters": params,
             "stopped_engines": [{k: v for k, v in s.items() if k != "dir"} for s in stopped],
