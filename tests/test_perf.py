@@ -112,7 +112,9 @@ def prof_tolerance(path: Path) -> float:
 @pytest.mark.engine
 def test_climb_real_engine(tmp_path, endpoint):
     """The qualification's climb on the real engine: each step measured with the real client, judged as soon as
-    it is measured; local-cpu's loose SLO holds at C1 and C2, so the climb reaches its top."""
+    it is measured; local-cpu's loose SLO holds at C1 and C2, so the climb reaches its top. On a loaded 2-core
+    machine C2 may buy no throughput over C1 (CI measured -8.7% with the box beside it): the climb then stops
+    there as saturated, which is as right, and the reason must say so from the two steps' own figures."""
     prof = small_profile(tmp_path, slo={"ttft_p99_ms": 10000, "tpot_p99_ms": 1000, "climb": [1, 2],
                                         "climb_case": "c2-128-32"})
     out = tmp_path / "run1" / "vllm" / "perf-climb"
@@ -123,7 +125,11 @@ def test_climb_real_engine(tmp_path, endpoint):
     assert rc == 0, v
     climb = v["metrics"]["climb"]
     assert [s["concurrency"] for s in climb["steps"]] == [1, 2] and climb["highest"] == 2, climb
-    assert climb["not_run"] == [] and "the climb's top" in climb["reason"]
+    assert climb["not_run"] == []
+    c1, c2 = climb["steps"]
+    gain = c2["output_throughput"] / c1["output_throughput"] - 1
+    if "the climb's top" not in climb["reason"]:
+        assert gain < 0.10 and climb["reason"].startswith(f"C2 saturates the server: output throughput {gain:+.1%}"), climb
     # one warmup, before the first step only; one round a step
     assert v["metrics"]["cases"]["climb-c1"]["warmup"] is not None and v["metrics"]["cases"]["climb-c2"]["warmup"] is None
     t = read_rounds(store)

@@ -29,7 +29,7 @@ from gauntlet.steps.engines.commands import Placement, engine_command, engine_en
 from conftest import require_vllm
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-STARTUP_S = 240.0
+STARTUP_S = 480.0     # two ranks' start-up with the box's scenarios beside it on two cores
 
 
 def _listening(pgid: int) -> set[int]:
