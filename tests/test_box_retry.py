@@ -171,7 +171,9 @@ def test_argo_resubmit_memoized_is_refused_in_one_line(box_session):
         name = text.strip().splitlines()[-1].split("/")[-1]
 
         def refused() -> dict[str, Any] | None:     # the re-run smoke's pod, once its main container ended
-            return next((p for u, p in bs.pods_seen.items() if u not in before and ".sglang.smoke(" in
+            # pods_seen holds each pod as first seen (Pending): its later versions are in the watch's events
+            return next((p for _, _, p in list(bs.pod_events) if p["metadata"]["uid"] not in before
+                         and ".sglang.smoke(" in
                          (p["metadata"].get("annotations") or {}).get("workflows.argoproj.io/node-name", "")
                          and _main_exit(p) is not None), None)
         deadline = time.monotonic() + 300
