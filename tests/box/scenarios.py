@@ -292,6 +292,9 @@ class BoxSession:
                                                       "effect": GPU_TAINT["effect"]}],
                                      "containers": [{"name": "serve", "image": "team-b/serving:1",
                                                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+        # the test's "before" must be the settled state: the first test on a fresh box read it before
+        # kube-controller-manager had created the pod, and then saw the pod appear as if gauntlet had made it
+        wait_for(lambda: self.other_team_state()["pods"] == ["team-b-serving-0"], 60, "the other team's pod created")
 
     def other_team_state(self) -> dict[str, Any]:
         _, sts = self.box.request("GET", f"/apis/apps/v1/namespaces/{self.ns}/statefulsets/team-b-serving")
