@@ -388,6 +388,7 @@ class ProcessKubelet:
         venv_python = REPO / ".venv" / "bin" / "python"
         self.python = python or (str(venv_python) if venv_python.exists() else sys.executable)
         self.resync_s, self.heartbeat_s, self.backoff_s = resync_s, heartbeat_s, backoff_s
+        self._hosts_at = 0.0
         self.pods: dict[str, _Pod] = {}
         self.started: set[str] = set()
         self.hosts_files: dict[str, Path] = {}
@@ -559,14 +560,25 @@ class ProcessKubelet:
     def _watch_loop(self) -> None:
         from kubernetes import watch
 
+        # The watch only wakes the sync loop, so its events stay the API server's JSON (deserialising each pod
+        # into client models cost more CPU than the box's control plane), and each stream resumes from the last
+        # version seen instead of starting with every pod again. After an error (410: version compacted) it
+        # starts over; the sync lists everything anyway.
+        since: str | None = None
         while not self.stopping.is_set():
             try:
-                for _ in watch.Watch().stream(self.core.list_pod_for_all_namespaces, timeout_seconds=20,
-                                              _request_timeout=30):
+                kw = {"resource_version": since} if since else {}
+                for ev in watch.Watch().stream(self.core.list_pod_for_all_namespaces, timeout_seconds=20,
+                                               _request_timeout=30, deserialize=False, **kw):
+                    if ev.get("type") == "ERROR":
+                        since = None
+                        break
+                    since = ((ev.get("object") or {}).get("metadata") or {}).get("resourceVersion") or since
                     self._wake.set()
                     if self.stopping.is_set():
                         return
             except Exception as exc:  # a dropped watch is normal on shutdown; otherwise note it and rewatch
+                since = None
                 if not self.stopping.is_set():
                     self.log.warning("pod watch: %s: %s; rewatching", type(exc).__name__, exc)
                     self.stopping.wait(1)
@@ -870,8 +882,11 @@ class ProcessKubelet:
 
     def _refresh_hosts(self, pods: list[dict[str, Any]]) -> None:
         """Rewrite every running pod's /etc/hosts in place (the bind mount follows the inode, not the name)."""
-        if not self.hosts_files:
+        # at most once a resync: each refresh lists every service and StatefulSet, and a sync runs on every pod
+        # event; a new peer's name reaches /etc/hosts within resync_s (a pod's first file is written whole)
+        if not self.hosts_files or time.monotonic() - self._hosts_at < self.resync_s:
             return
+        self._hosts_at = time.monotonic()
         services = self._list(self.core.list_service_for_all_namespaces)
         sets = self._list(self.apps.list_stateful_set_for_all_namespaces)
         for uid, path in list(self.hosts_files.items()):

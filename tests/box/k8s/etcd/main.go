@@ -38,6 +38,9 @@ func main() {
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	cfg.LogLevel = "error"
+	// A box's etcd lives as long as one pytest worker and is thrown away with it: nothing is meant to outlive a
+	// crash, and an fsync per write made every API write wait on a disk shared with the rest of the test suite.
+	cfg.UnsafeNoFsync = true
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "etcd:", err)
