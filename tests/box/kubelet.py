@@ -220,7 +220,7 @@ class _Pod:
             self.done = True
             if not self.k.stopping.is_set():
                 self.report()
-            # Every Argo pod's emptyDir holds a ~200 MB copy of argoexec: a finished pod's volumes are
+            # Every Argo pod's emptyDir holds a ~150 MB copy of argoexec: a finished pod's volumes are
             # reclaimed at once (a real kubelet waits for the pod's deletion), so a session's disk stays bounded.
             if not os.environ.get("GAUNTLET_BOX_KEEP"):
                 shutil.rmtree(self.dir / "volumes", ignore_errors=True)
