@@ -6,7 +6,9 @@
   Whether the CLI/server refused it at submit is recorded (Argo v4.0.5 does not: docs/cluster.md).
 - ``argo delete`` mid-deploy and mid-perf: the engine's objects carry an ownerReference to the Workflow, so
   kube-controller-manager's garbage collector deletes them with it; nothing labelled with the run holds a
-  replica or a GPU pod 30 s later. The seconds are written to build/fault-timings.json (docs/reliability.md).
+  replica or a GPU pod 120 s later. The seconds are written to build/fault-timings.json (docs/reliability.md): 1.3 s
+  mid-deploy on an idle box; the bound is for the garbage collector on a loaded CI machine (over 30 s once, at a
+  load of 10 on 2 cores, with the rest of the suite beside it), not the figure.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ def _owned(s, uid: str) -> dict[str, list[str]]:
     return owned
 
 
+RELEASE_BOUND_S = 120     # the garbage collector's latency on a loaded machine; the measured seconds are recorded
+
+
 def _delete_and_measure(s, name: str, uid: str, row: str) -> None:
     owned = _owned(s, uid)
     assert owned and all(v == [uid] for v in owned.values()), f"not owned by the workflow {uid}: {owned}"
@@ -100,9 +105,10 @@ def _delete_and_measure(s, name: str, uid: str, row: str) -> None:
     t0 = time.monotonic()
     r = s.box.argo("delete", "-n", s.ns, name)
     assert r.returncode == 0, r.stderr
-    until(lambda: s.held(uid) == {}, 30, f"run {uid} released within 30 s of argo delete (held: {s.held(uid)})")
+    until(lambda: s.held(uid) == {}, RELEASE_BOUND_S,
+          f"run {uid} released within {RELEASE_BOUND_S} s of argo delete (held: {s.held(uid)})")
     seconds = round(time.monotonic() - t0, 1)
-    until(lambda: _owned(s, uid) == {}, 30, "the engine's StatefulSet and Services deleted")
+    until(lambda: _owned(s, uid) == {}, RELEASE_BOUND_S, "the engine's StatefulSet and Services deleted")
     gone, _ = s.box.request("GET", f"/apis/argoproj.io/v1alpha1/namespaces/{s.ns}/workflows/{name}")
     assert gone == 404
     record(row, backend="argo", released=True, seconds=seconds, held_before=held,
