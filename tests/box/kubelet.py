@@ -82,6 +82,7 @@ from box.podplan import (GPU, HOST_PATH, LOOPBACK, ConfigError, ContainerRun, Im
                          choose_behaviour, container_argv, downward_files, engine_argv, find_image, hosts_text,
                          keep_under_tmp, mount_plan, mountpoint_on_host, pod_phase, pod_status, resolve_env,
                          standin_argv, standin_behaviours, standin_key)
+from box.podwatch import pod_events
 
 __all__ = ["ProcessKubelet", "ImageRun", "default_images"]
 
@@ -558,30 +559,14 @@ class ProcessKubelet:
 
     # ---- watching and syncing ----
     def _watch_loop(self) -> None:
-        from kubernetes import watch
+        """The watch only wakes the sync loop (which lists everything itself)."""
+        def rewatch(exc: Exception) -> None:   # a dropped watch is normal on shutdown; otherwise note it
+            self.log.warning("pod watch: %s: %s; rewatching", type(exc).__name__, exc)
+            self.stopping.wait(1)
 
-        # The watch only wakes the sync loop, so its events stay the API server's JSON (deserialising each pod
-        # into client models cost more CPU than the box's control plane), and each stream resumes from the last
-        # version seen instead of starting with every pod again. After an error (410: version compacted) it
-        # starts over; the sync lists everything anyway.
-        since: str | None = None
-        while not self.stopping.is_set():
-            try:
-                kw = {"resource_version": since} if since else {}
-                for ev in watch.Watch().stream(self.core.list_pod_for_all_namespaces, timeout_seconds=20,
-                                               _request_timeout=30, deserialize=False, **kw):
-                    if ev.get("type") == "ERROR":
-                        since = None
-                        break
-                    since = ((ev.get("object") or {}).get("metadata") or {}).get("resourceVersion") or since
-                    self._wake.set()
-                    if self.stopping.is_set():
-                        return
-            except Exception as exc:  # a dropped watch is normal on shutdown; otherwise note it and rewatch
-                since = None
-                if not self.stopping.is_set():
-                    self.log.warning("pod watch: %s: %s; rewatching", type(exc).__name__, exc)
-                    self.stopping.wait(1)
+        for _ in pod_events(self.core.list_pod_for_all_namespaces, stop=self.stopping, timeout_s=20,
+                            on_error=rewatch, _request_timeout=30):
+            self._wake.set()
 
     def _sync_loop(self) -> None:
         while not self.stopping.is_set():

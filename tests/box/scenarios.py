@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from box.build import cache_root
+from box.podwatch import pod_events
 from gauntlet.params import load_profile, profile_path
 from gauntlet.workflows.graph import build_graph
 from gauntlet.workflows.render import RUN_LABEL, cron_name, render_documents, template_name
@@ -304,36 +305,21 @@ class BoxSession:
                                if not p["metadata"].get("deletionTimestamp"))}
 
     def _watch_pods(self) -> None:
-        """Every pod ever created in the namespace (Argo's podGC may delete one before we look)."""
-        from kubernetes import client, watch
+        """Every pod ever created in the namespace (Argo's podGC may delete one before we look), each version
+        once: a stream that starts over after an error sends again the versions already seen."""
+        from kubernetes import client
 
-        api = self.box.api_client()
-        core = client.CoreV1Api(api)
-        # Each stream resumes from the last version seen: a watch started without one begins with every pod that
-        # still exists, and one re-listing every 5 s kept a copy of each pod per restart (gigabytes in an hour, a
-        # box worker at 7 GB). After a 410 (version compacted) it lists again; versions already seen are dropped.
-        since: str | None = None
+        core = client.CoreV1Api(self.box.api_client())
         seen: set[tuple[str, str, str]] = set()
-        while not self._stop.is_set():
-            try:
-                kw = {"resource_version": since} if since else {}
-                for ev in watch.Watch().stream(core.list_namespaced_pod, self.ns, timeout_seconds=5, deserialize=False,
-                                               **kw):
-                    pod = ev["object"]          # the API server's own JSON (no model round trip)
-                    if ev["type"] not in ("ADDED", "MODIFIED", "DELETED"):
-                        continue
-                    meta = pod["metadata"]
-                    since = meta.get("resourceVersion") or since
-                    key = (meta["uid"], meta.get("resourceVersion", ""), ev["type"])
-                    if key not in seen:
-                        seen.add(key)
-                        self.pods_seen.setdefault(meta["uid"], pod)
-                        self.pod_events.append((time.monotonic(), ev["type"], pod))
-                    if self._stop.is_set():
-                        return
-            except Exception:   # noqa: BLE001 - the watcher must outlive a restarting API server
-                since = None
-                time.sleep(0.5)
+        for ev in pod_events(core.list_namespaced_pod, self.ns, stop=self._stop, timeout_s=5,
+                             on_error=lambda _: time.sleep(0.5)):
+            pod = ev["object"]
+            meta = pod["metadata"]
+            key = (meta["uid"], meta.get("resourceVersion", ""), ev["type"])
+            if key not in seen:
+                seen.add(key)
+                self.pods_seen.setdefault(meta["uid"], pod)
+                self.pod_events.append((time.monotonic(), ev["type"], pod))
 
     def close(self) -> None:
         self._stop.set()
